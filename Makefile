@@ -1,0 +1,68 @@
+# Entry points of the kit. `make help` lists the targets; README.md explains them.
+# Set-up on a fresh machine: `make apply`, then `make test`.
+
+PYTHON ?= python3.11
+VENV ?= .venv
+# The torch requirement and extra pip options (an index URL for a CPU-only torch build, say).
+TORCH ?= torch==2.13.0
+PIP_OPTS ?=
+# Versions of the upstreams (empty: the `version` of upstream/sources.toml).
+DEEPSPEED_VERSION ?=
+ACCELERATE_VERSION ?=
+# pytest-xdist workers and extra pytest arguments for `make test`.
+JOBS ?= auto
+PYTEST_ARGS ?=
+# `make unapply DISCARD=1` drops commits in a checkout that are not exported to patches/.
+DISCARD ?=
+
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kit-venv
+UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
+	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)"
+
+.DEFAULT_GOAL := help
+.PHONY: help venv upstream apply unapply export test clean check-python
+
+help: ## list the targets and variables
+	@echo "Targets:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
+	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
+	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS DISCARD"
+
+check-python:
+	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || \
+	  { echo "error: $(PYTHON) is not Python 3.11: install it or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
+
+# The venv is remade when requirements/kit.txt changes or TORCH differs from the one it was made with.
+ifneq ($(shell cat $(STAMP) 2>/dev/null),$(TORCH))
+.PHONY: $(STAMP)
+endif
+$(STAMP): requirements/kit.txt | check-python
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet $(PIP_OPTS) "$(TORCH)"
+	$(PY) -m pip install --quiet $(PIP_OPTS) -r requirements/kit.txt
+	@echo "$(TORCH)" > $@
+
+venv: $(STAMP) ## create .venv with the pinned tools (torch, torchdata, pytest, ...)
+
+upstream: check-python ## make the pristine checkouts upstream/<name> (tag base/<version>); sdists are verified and cached
+	@$(call UPSTREAM,$(PYTHON),checkout)
+
+apply: $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
+	@$(call UPSTREAM,$(PY),apply)
+	@$(call UPSTREAM,$(PY),install)
+
+unapply: check-python ## put the checkouts back on their base (refuses to drop uncommitted edits)
+	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(DISCARD),--discard)
+
+export: check-python ## regenerate patches/<name>/ from the commits on top of the base (git format-patch)
+	@$(call UPSTREAM,$(PYTHON),export)
+
+test: ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
+	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
+	$(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
+
+clean: ## remove build/ and caches (the venv, checkouts and the sdist cache stay)
+	rm -rf build .pytest_cache .ruff_cache
+	find scripts tests -name __pycache__ -type d -prune -exec rm -rf {} +

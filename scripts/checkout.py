@@ -1,0 +1,124 @@
+"""Make and inspect the git checkout of an upstream under ``upstream/<name>/``.
+
+The pristine tree of every pinned version is one root commit tagged ``base/<version>`` (design.md, "How an
+upstream checkout is made"). It is written with git plumbing from a temporary index, so the work tree is not
+touched, and with a fixed identity and date, so two machines make the same commit id from the same sdist.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from scripts import KitError, sdist
+from scripts.sources import Pin
+
+# Identity and date of every base commit: fixed so that the commit id depends on the tree alone.
+BASE_ENV = {
+    "GIT_AUTHOR_NAME": "upstream sdist",
+    "GIT_AUTHOR_EMAIL": "sdist@upstream.invalid",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_NAME": "upstream sdist",
+    "GIT_COMMITTER_EMAIL": "sdist@upstream.invalid",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+# What builds, editable installs and test runs write into a checkout; kept out of `git status`.
+EXCLUDES = ["*.egg-info/", "__pycache__/", "*.py[cod]", "/build/", ".pytest_cache/", ".ruff_cache/"]
+# Config that would make the same tree hash differently on another machine.
+PORTABLE = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.symlinks=true"]
+
+
+def git(repo: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``git -C repo args`` and return the completed process (text stdout/stderr).
+
+    Raises KitError naming the command and git's last error line when ``check`` and git exits non-zero,
+    or when git is not installed.
+    """
+    if shutil.which("git") is None:
+        raise KitError("git is not installed: install git (apt-get install git) and run again")
+    result = subprocess.run(["git", "-C", str(repo), *PORTABLE, *args], capture_output=True, text=True,
+                            env={**os.environ, **(env or {})})
+    if check and result.returncode != 0:
+        lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+        raise KitError(f"git {args[0]} failed in {repo}: {lines[-1] if lines else 'exit ' + str(result.returncode)}")
+    return result
+
+
+def base_tag(version: str) -> str:
+    """Return the tag of the pristine commit of ``version``: ``base/<version>``."""
+    return f"base/{version}"
+
+
+def has_ref(repo: Path, ref: str) -> bool:
+    """Return True when ``ref`` names a commit in ``repo``."""
+    return git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).returncode == 0
+
+
+def rev(repo: Path, ref: str = "HEAD") -> str:
+    """Return the full commit id of ``ref`` in ``repo``; raise KitError if it names no commit."""
+    return git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}").stdout.strip()
+
+
+def uncommitted(repo: Path) -> list[str]:
+    """Return ``git status --porcelain`` lines of ``repo``: edits and untracked files (not ignored ones)."""
+    return git(repo, "status", "--porcelain").stdout.splitlines()
+
+
+def refuse_if_dirty(repo: Path, doing: str) -> None:
+    """Raise KitError, touching nothing, when ``repo`` holds uncommitted edits or untracked files."""
+    dirty = uncommitted(repo)
+    if dirty:
+        raise KitError(f"{repo} has uncommitted changes ({len(dirty)} paths, e.g. '{dirty[0][3:]}'): commit or "
+                       f"stash them before {doing}; nothing was changed")
+
+
+def ensure_repo(repo: Path) -> None:
+    """Create ``repo`` as an empty git repository with the kit's excludes, or check that it is one.
+
+    Raises KitError when ``repo`` exists but is not a git repository (it is never overwritten).
+    """
+    if (repo / ".git").is_dir():
+        return
+    if repo.exists() and any(repo.iterdir()):
+        raise KitError(f"{repo} exists but is not a git checkout made by the kit: move it away and run again")
+    repo.mkdir(parents=True, exist_ok=True)
+    git(repo, "init", "--quiet")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "exclude").write_text("".join(f"{p}\n" for p in EXCLUDES))
+
+
+def commit_tree(repo: Path, tree: Path, message: str) -> str:
+    """Commit the files of directory ``tree`` as a root commit of ``repo`` with BASE_ENV; return its id.
+
+    Uses a temporary index, so neither the work tree nor the index of ``repo`` changes. Every file is
+    taken, even one that a ``.gitignore`` inside ``tree`` names.
+    """
+    with tempfile.TemporaryDirectory(prefix="kit-index-") as tmp:
+        env = {**BASE_ENV, "GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(tree)}
+        git(repo, "add", "--all", "--force", ".", env=env)
+        tree_id = git(repo, "write-tree", env=env).stdout.strip()
+        return git(repo, "commit-tree", tree_id, "-m", message, env=env).stdout.strip()
+
+
+def make_base(pin: Pin, repo: Path, cache_dir: Path, pip_options: list[str] = ()) -> str:
+    """Make sure ``repo`` holds ``pin``'s pristine sdist tree as a commit tagged ``base/<version>``.
+
+    Downloads (or takes from ``cache_dir``) and verifies the sdist only when the tag is missing. The
+    ``*.egg-info`` metadata that setuptools writes into an sdist is left out: an editable install
+    rewrites it. A new, empty checkout is left detached at the base. Returns the base commit id.
+    Raises KitError from sdist.fetch / sdist.extract / git.
+    """
+    ensure_repo(repo)
+    tag = base_tag(pin.version)
+    if not has_ref(repo, tag):
+        archive = sdist.fetch(pin, cache_dir, pip_options)
+        with tempfile.TemporaryDirectory(prefix="kit-extract-") as tmp:
+            top = sdist.extract(archive, Path(tmp) / "sdist")
+            for egg_info in top.rglob("*.egg-info"):
+                shutil.rmtree(egg_info)
+            message = f"{pin.package} {pin.version}: pristine sdist {pin.sdist}\n\nsha256 {pin.sha256}\n"
+            git(repo, "tag", tag, commit_tree(repo, top, message))
+    if git(repo, "rev-parse", "--verify", "--quiet", "HEAD", check=False).returncode != 0:
+        git(repo, "checkout", "--quiet", "--detach", tag)
+    return rev(repo, tag)

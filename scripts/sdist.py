@@ -1,0 +1,93 @@
+"""Download, verify, cache and safely extract an upstream's sdist.
+
+Rules from design.md ("How an upstream checkout is made"): download with
+``pip download --no-deps --no-binary :all:``, check the sha256 before anything is extracted, extract with
+tarfile's ``data`` filter (PEP 706: no absolute paths, no ``..``, no links out of the tree, no special files,
+no owner or permission surprises), and keep the verified archive so a second run needs no network.
+"""
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from scripts import KitError
+from scripts.sources import Pin
+
+
+def sha256_of(path: Path) -> str:
+    """Return the lower-case hex sha256 of the file at ``path`` (read in 1 MiB chunks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> Path:
+    """Return the path of ``pin``'s verified sdist in ``cache_dir``, downloading it with pip if needed.
+
+    ``pip_options`` are extra ``pip download`` options (an index URL, ``--no-index --find-links DIR``).
+    A cached archive is re-hashed on every call. Raises KitError (one line, naming the file and the pin) when
+    the download fails and nothing is cached, or when the hash differs; a wrong archive is deleted.
+    """
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    cached = cache_dir / pin.sdist
+    if cached.exists():
+        _verify(cached, pin)
+        return cached
+    with tempfile.TemporaryDirectory(prefix="kit-download-") as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                   "--dest", tmp, *pip_options, f"{pin.package}=={pin.version}"]
+        result = subprocess.run(command, capture_output=True, text=True)
+        downloaded = Path(tmp) / pin.sdist
+        if result.returncode != 0 or not downloaded.exists():
+            reason = _last_line(result.stderr) or f"pip saved no file named {pin.sdist}"
+            raise KitError(f"cannot download {pin.sdist} ({pin.package}=={pin.version}, sha256 {pin.sha256}) and "
+                           f"it is not in {cache_dir}: check the network or pip's index options, or put the "
+                           f"file there ({reason})")
+        _verify(downloaded, pin)
+        shutil.move(downloaded, cached)
+    return cached
+
+
+def _verify(archive: Path, pin: Pin) -> None:
+    actual = sha256_of(archive)
+    if actual != pin.sha256:
+        archive.unlink()
+        raise KitError(f"{archive.name} has sha256 {actual}, but upstream/sources.toml pins {pin.sha256} for "
+                       f"{pin.name} {pin.version}: the archive was deleted; check the pin and run again")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def extract(archive: Path, dest: Path) -> Path:
+    """Extract the sdist ``archive`` (.tar.gz) into the new directory ``dest`` and return its top directory.
+
+    An sdist holds one top directory (``name-version/``). Raises KitError, removing ``dest`` again, when a
+    member is unsafe (absolute path, ``..``, a link out of the tree, a device) or the archive does not hold
+    exactly one top directory.
+    """
+    dest.mkdir(parents=True)
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+        tops = list(dest.iterdir())
+        if len(tops) != 1 or not tops[0].is_dir():
+            raise KitError(f"{archive.name} does not hold exactly one top directory: refusing it")
+        return tops[0]
+    except tarfile.FilterError as e:
+        shutil.rmtree(dest)
+        raise KitError(f"{archive.name} holds an unsafe member ({e}): refusing to extract it") from None
+    except (tarfile.TarError, OSError) as e:
+        shutil.rmtree(dest)
+        raise KitError(f"{archive.name} cannot be extracted ({e}): delete it from the cache and run again") from None
+    except KitError:
+        shutil.rmtree(dest)
+        raise

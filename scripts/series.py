@@ -1,0 +1,131 @@
+"""Apply, remove and export an upstream's patch series (``patches/<name>/*.patch``).
+
+The series lives on the branch ``series/<version>`` of the checkout, applied on ``base/<version>`` with
+``git am --3way`` under a fixed committer and ``--committer-date-is-author-date``, so the same series gives
+the same commit ids everywhere. ``refs/kit/applied`` records the last commit the kit itself made, which tells
+the kit's commits apart from the user's own.
+"""
+
+import re
+import tempfile
+from pathlib import Path
+
+from scripts import KitError
+from scripts.checkout import git, has_ref, refuse_if_dirty, rev
+
+APPLIED_REF = "refs/kit/applied"
+COMMITTER_ENV = {"GIT_COMMITTER_NAME": "upstream kit", "GIT_COMMITTER_EMAIL": "kit@upstream.invalid"}
+# Stable `git format-patch` output: no version signature, `[PATCH n/m]`, no commit ids.
+FORMAT_PATCH = ["format-patch", "--quiet", "--no-signature", "--numbered", "--zero-commit"]
+
+
+def patch_files(patch_dir: Path) -> list[Path]:
+    """Return the ``*.patch`` files of ``patch_dir`` sorted by name (empty when the directory is missing)."""
+    return sorted(patch_dir.glob("*.patch"))
+
+
+def branch(version: str) -> str:
+    """Return the branch that carries the series on ``base/<version>``: ``series/<version>``."""
+    return f"series/{version}"
+
+
+def _exported(repo: Path, base: str) -> dict[str, bytes]:
+    """Return {file name: bytes} of what ``git format-patch`` makes of ``base..HEAD``."""
+    with tempfile.TemporaryDirectory(prefix="kit-export-") as tmp:
+        git(repo, *FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
+        return {p.name: p.read_bytes() for p in sorted(Path(tmp).glob("*.patch"))}
+
+
+def _matches(repo: Path, base: str, patch_dir: Path) -> bool:
+    """True when HEAD is on ``base`` and exporting ``base..HEAD`` gives exactly the files of ``patch_dir``."""
+    if git(repo, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
+        return False
+    return _exported(repo, base) == {p.name: p.read_bytes() for p in patch_files(patch_dir)}
+
+
+def _refuse_if_unexported(repo: Path, patch_dir: Path, doing: str) -> None:
+    """Raise KitError when HEAD holds commits of the user's that are neither a base nor the kit's own."""
+    head = rev(repo)
+    bases = git(repo, "tag", "--list", "base/*", "--points-at", head).stdout.split()
+    if bases or (has_ref(repo, APPLIED_REF) and rev(repo, APPLIED_REF) == head):
+        return
+    raise KitError(f"{repo} has commits that are not in {patch_dir} (HEAD {head[:12]}): run `make export` to "
+                   f"keep them, or `make unapply DISCARD=1` to drop them, before {doing}")
+
+
+def apply(repo: Path, version: str, patch_dir: Path) -> str:
+    """Check out ``series/<version>`` = ``base/<version>`` + every patch of ``patch_dir``; return a summary.
+
+    A no-op when HEAD already carries exactly that series. Raises KitError, changing nothing, when the
+    checkout has uncommitted changes or unexported commits; when a patch does not apply, aborts ``git am``,
+    leaves the checkout on the base and names the patch and the file.
+    """
+    base = f"base/{version}"
+    refuse_if_dirty(repo, "applying the series")
+    patches = patch_files(patch_dir)
+    if _matches(repo, base, patch_dir):
+        git(repo, "update-ref", APPLIED_REF, "HEAD")
+        return f"{repo.name}: series already applied on {base} ({len(patches)} patches, HEAD {rev(repo)[:12]})"
+    _refuse_if_unexported(repo, patch_dir, "applying the series")
+    git(repo, "checkout", "--quiet", "-B", branch(version), base)
+    if patches:
+        result = git(repo, "am", "--quiet", "--3way", "--committer-date-is-author-date",
+                     *map(str, patches), env=COMMITTER_ENV, check=False)
+        if result.returncode != 0:
+            git(repo, "am", "--abort", check=False)
+            git(repo, "checkout", "--quiet", "--detach", base)
+            raise KitError(f"{_failed_patch(result.stdout + result.stderr, patches)} does not apply to "
+                           f"{repo.name} {version}{_failed_file(result.stdout + result.stderr)}: the checkout "
+                           f"was left on {base}; rebase the series (see README, 'Changing a patch')")
+    git(repo, "update-ref", APPLIED_REF, "HEAD")
+    return f"{repo.name}: applied {len(patches)} patches on {base}, HEAD {rev(repo)[:12]}"
+
+
+def _failed_patch(output: str, patches: list[Path]) -> str:
+    """Name the patch file of git am's 'Patch failed at NNNN subject' line (the first patch if none)."""
+    found = re.search(r"Patch failed at (\d+)", output)
+    index = int(found.group(1)) - 1 if found else 0
+    return f"patches/{patches[index].parent.name}/{patches[index].name}" if index < len(patches) else "a patch"
+
+
+def _failed_file(output: str) -> str:
+    """Return ' (file: PATH)' for the first file git am names as failing, or '' when it names none."""
+    for pattern in (r"error: patch failed: ([^:\n]+):", r"Merge conflict in (\S+)", r"error: ([^:\n]+): does not"):
+        found = re.search(pattern, output)
+        if found:
+            return f" (file: {found.group(1)})"
+    return ""
+
+
+def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) -> str:
+    """Leave ``repo`` detached at ``base/<version>``; return a summary.
+
+    Raises KitError, changing nothing, when the checkout has uncommitted changes, or, unless ``discard``,
+    commits that are not exported to ``patch_dir``.
+    """
+    base = f"base/{version}"
+    refuse_if_dirty(repo, "unapplying")
+    if not discard and not _matches(repo, base, patch_dir):
+        _refuse_if_unexported(repo, patch_dir, "unapplying")
+    git(repo, "checkout", "--quiet", "--detach", base)
+    return f"{repo.name}: at {base} ({rev(repo)[:12]}), series not applied"
+
+
+def export(repo: Path, version: str, patch_dir: Path) -> str:
+    """Write ``base/<version>..HEAD`` as ``git format-patch`` files into ``patch_dir``; return a summary.
+
+    Old ``*.patch`` files there are replaced. Raises KitError when the checkout has uncommitted changes
+    (commit them first) or HEAD does not descend from the base.
+    """
+    base = f"base/{version}"
+    refuse_if_dirty(repo, "exporting (commit them with `git commit -s`)")
+    if git(repo, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
+        raise KitError(f"HEAD of {repo} does not descend from {base}: check out {branch(version)} first")
+    files = _exported(repo, base)
+    patch_dir.mkdir(parents=True, exist_ok=True)
+    for old in patch_files(patch_dir):
+        old.unlink()
+    for name, data in files.items():
+        (patch_dir / name).write_bytes(data)
+    git(repo, "update-ref", APPLIED_REF, "HEAD")
+    return f"{repo.name}: exported {len(files)} patches from {base}..HEAD to {patch_dir}"

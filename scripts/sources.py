@@ -1,0 +1,73 @@
+"""Read the upstream pins from ``upstream/sources.toml``.
+
+Facts come from the design page (design.md, "How an upstream checkout is made"): an upstream is pinned by
+version, sdist file name and sha256; the git source is a URL and a tag pattern.
+"""
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from scripts import KitError
+
+KIT_ROOT = Path(__file__).resolve().parent.parent
+SOURCES_FILE = KIT_ROOT / "upstream" / "sources.toml"
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One pinned release of one upstream.
+
+    ``name`` is the kit's name for the upstream (``deepspeed``), ``package`` its PyPI project name,
+    ``sdist`` the archive's file name, ``sha256`` its lower-case hex digest, ``git``/``tag`` the git source.
+    """
+
+    name: str
+    package: str
+    version: str
+    sdist: str
+    sha256: str
+    git: str
+    tag: str
+    test_paths: tuple[str, ...]
+
+
+def load(path: Path = SOURCES_FILE) -> dict:
+    """Return the parsed TOML of ``path`` as a dict; raise KitError if it is missing or not valid TOML."""
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise KitError(f"{path} is missing: restore it from git (git checkout -- {path.name})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise KitError(f"{path} is not valid TOML ({e}): fix the file") from None
+
+
+def pin(name: str, version: str | None = None, path: Path = SOURCES_FILE) -> Pin:
+    """Return the Pin of upstream ``name`` at ``version`` (None: the table's default ``version``).
+
+    Raises KitError when the upstream or the version is not in ``path``, naming the versions that are.
+    """
+    table = load(path).get(name)
+    if table is None:
+        raise KitError(f"no upstream '{name}' in {path}")
+    version = version or table["version"]
+    release = table.get("releases", {}).get(version)
+    if release is None:
+        known = ", ".join(sorted(table.get("releases", {})))
+        raise KitError(f"{name} {version} is not pinned in {path} (pinned: {known}): add its sdist and sha256 there")
+    return Pin(
+        name=name,
+        package=table.get("package", name),
+        version=version,
+        sdist=release["sdist"],
+        sha256=release["sha256"].lower(),
+        git=table.get("git", ""),
+        tag=table.get("tag", "v{version}").format(version=version),
+        test_paths=tuple(table.get("test_paths", ["tests/"])),
+    )
+
+
+def names(path: Path = SOURCES_FILE) -> list[str]:
+    """Return the upstream names declared in ``path``, in file order."""
+    return list(load(path))

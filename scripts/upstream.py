@@ -1,0 +1,118 @@
+"""Command line of the checkout workflow: ``python -m scripts.upstream COMMAND`` (the Makefile calls it).
+
+Commands (each acts on every upstream in ``upstream/sources.toml``, or on ``--only NAME``):
+  checkout  make ``upstream/<name>/`` with the pristine commit ``base/<version>`` (sdist: download, verify, cache)
+  apply     checkout, then ``base/<version>`` + ``patches/<name>/*.patch`` on branch ``series/<version>``
+  unapply   back to ``base/<version>`` (refuses to drop uncommitted edits or unexported commits)
+  export    ``patches/<name>/`` regenerated from ``base/<version>..HEAD`` with ``git format-patch``
+  install   editable installs of the checkouts into the running Python (skipped when already in place)
+
+Exit status 0 on success; 1 with one line ``error: ...`` on stderr when something needs the user.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from scripts import KitError, checkout, series, sources
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv`` (without the program name) into the options described in the module docstring."""
+    parser = argparse.ArgumentParser(prog="python -m scripts.upstream", description=__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["checkout", "apply", "unapply", "export", "install"])
+    parser.add_argument("--only", help="act on this upstream only")
+    parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION",
+                        help="pin another version of an upstream (default: `version` in sources.toml)")
+    parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE, help="the pins file")
+    parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream", help="checkouts live here")
+    parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches", help="series live here")
+    parser.add_argument("--cache", type=Path, default=sources.KIT_ROOT / "upstream" / ".sdist",
+                        help="verified sdists are kept here")
+    parser.add_argument("--pip-options", default="", help="extra pip options, one shell-quoted string")
+    parser.add_argument("--discard", action="store_true", help="unapply: drop commits that are not exported")
+    return parser.parse_args(argv)
+
+
+def versions(pairs: list[str]) -> dict[str, str]:
+    """Turn ``["deepspeed=0.19.6", "accelerate="]`` into ``{"deepspeed": "0.19.6"}`` (empty values dropped)."""
+    chosen = {}
+    for pair in pairs:
+        name, sep, version = pair.partition("=")
+        if not sep:
+            raise KitError(f"--version takes NAME=VERSION, not '{pair}'")
+        if version:
+            chosen[name] = version
+    return chosen
+
+
+def install(pin: sources.Pin, repo: Path, table: dict, pip_options: list[str]) -> str:
+    """``pip install -e repo`` into the running Python unless ``pin.package`` is installed from it at ``pin.version``.
+
+    ``table`` is the upstream's table of sources.toml: ``install_options`` (list of pip options) and
+    ``install_env`` (environment, e.g. DeepSpeed's ``DS_BUILD_OPS=0``) and ``install_restores`` (files the
+    install rewrites, checked out again afterwards so the checkout stays clean). Raises KitError with pip's
+    last line.
+    """
+    try:
+        dist = metadata.distribution(pin.package)
+        url = json.loads(dist.read_text("direct_url.json") or "{}")
+        same_version = dist.version.split("+")[0] == pin.version
+        if same_version and url.get("dir_info", {}).get("editable") and url.get("url") == repo.resolve().as_uri():
+            return f"{pin.name}: already installed editable from {repo}"
+    except metadata.PackageNotFoundError:
+        pass
+    command = [sys.executable, "-m", "pip", "install", "--quiet", *table.get("install_options", []),
+               *pip_options, "--editable", str(repo)]
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **table.get("install_env", {})})
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        raise KitError(f"pip could not install {repo} ({lines[-1] if lines else 'no message'}): see `{shlex.join(command)}`")
+    for path in table.get("install_restores", []):
+        checkout.git(repo, "checkout", "--quiet", "--", path)
+    return f"{pin.name}: installed editable from {repo}"
+
+
+def run(args: argparse.Namespace) -> list[str]:
+    """Carry out ``args.command`` for each selected upstream; return one summary line per upstream."""
+    pip_options = shlex.split(args.pip_options)
+    chosen = versions(args.version)
+    names = [args.only] if args.only else sources.names(args.sources)
+    lines = []
+    for name in names:
+        pin = sources.pin(name, chosen.get(name), args.sources)
+        repo, patch_dir = args.checkouts / name, args.patches / name
+        if args.command in ("checkout", "apply"):
+            base = checkout.make_base(pin, repo, args.cache, pip_options)
+            lines.append(f"{name}: base/{pin.version} is {base[:12]}")
+        if args.command == "apply":
+            lines.append(series.apply(repo, pin.version, patch_dir))
+        elif args.command in ("unapply", "export", "install") and not (repo / ".git").is_dir():
+            raise KitError(f"{repo} does not exist yet: run `make apply` first")
+        elif args.command == "unapply":
+            lines.append(series.unapply(repo, pin.version, patch_dir, args.discard))
+        elif args.command == "export":
+            lines.append(series.export(repo, pin.version, patch_dir))
+        elif args.command == "install":
+            lines.append(install(pin, repo, sources.load(args.sources)[name], pip_options))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the command, print its summary lines; on KitError print ``error: ...``, return 1."""
+    try:
+        for line in run(parse_args(sys.argv[1:] if argv is None else argv)):
+            print(line)
+    except KitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
