@@ -67,6 +67,13 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def _data_filter_no_absolute(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """tarfile's ``data`` filter, except that an absolute member name is refused instead of made relative."""
+    if member.name.startswith("/"):
+        raise tarfile.AbsolutePathError(member)
+    return tarfile.data_filter(member, dest)
+
+
 def extract(archive: Path, dest: Path) -> Path:
     """Extract the sdist ``archive`` (.tar.gz) into the new directory ``dest`` and return its top directory.
 
@@ -77,7 +84,7 @@ def extract(archive: Path, dest: Path) -> Path:
     dest.mkdir(parents=True)
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="data")
+            tar.extractall(dest, filter=_data_filter_no_absolute)
         tops = list(dest.iterdir())
         if len(tops) != 1 or not tops[0].is_dir():
             raise KitError(f"{archive.name} does not hold exactly one top directory: refusing it")

@@ -1,0 +1,105 @@
+"""The series workflow on the tiny upstream: apply, idempotence, unapply, export round trip, refusals.
+
+Each refusal test fails when the protection it names is removed from scripts/series.py.
+"""
+
+from scripts.checkout import git, rev
+
+
+def tree(repo, ref: str = "HEAD") -> str:
+    return git(repo, "rev-parse", f"{ref}^{{tree}}").stdout.strip()
+
+
+def commit_fix(kit, value: str = "2") -> None:
+    """Commit a change to tiny/__init__.py in the checkout, signed off, as a contributor would."""
+    (kit.repo / "tiny" / "__init__.py").write_text(f"VALUE = {value}\n")
+    git(kit.repo, "-c", "user.name=A U Thor", "-c", "user.email=author@example.com", "commit", "--quiet",
+        "--all", "--signoff", "--message", f"Set VALUE to {value}\n\nFixes #1")
+
+
+def exported(kit) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(kit.patches.glob("*.patch"))}
+
+
+def test_empty_series_applies_to_the_base(kit):
+    code, err = kit.run("apply")
+    assert code == 0, err
+    assert rev(kit.repo) == rev(kit.repo, "base/1.0")
+
+
+def test_export_then_apply_on_a_fresh_kit_gives_the_same_commits(kit, tmp_path):
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    assert kit.run("export")[0] == 0
+    assert list(exported(kit)) == ["0001-Set-VALUE-to-2.patch"]
+    patch = exported(kit)["0001-Set-VALUE-to-2.patch"].decode()
+    assert patch.startswith("From 0000000000000000000000000000000000000000 ") and "[PATCH 1/1]" in patch
+    assert "Signed-off-by: A U Thor <author@example.com>" in patch and not patch.rstrip().endswith("-- ")
+    other = tmp_path / "fresh"
+    assert kit.run("apply", f"--checkouts={other}")[0] == 0
+    fresh = other / "tiny"
+    assert (fresh / "tiny" / "__init__.py").read_text() == "VALUE = 2\n"
+    assert tree(fresh) == tree(kit.repo)
+    assert kit.run("apply", f"--checkouts={tmp_path / 'fresh2'}")[0] == 0
+    assert rev(tmp_path / "fresh2" / "tiny") == rev(fresh), "the same series gives the same commit ids"
+
+
+def test_apply_twice_is_a_no_op(kit):
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    assert kit.run("export")[0] == 0
+    assert kit.run("unapply")[0] == 0
+    assert kit.run("apply")[0] == 0
+    head = rev(kit.repo)
+    assert kit.run("apply")[0] == 0
+    assert "series already applied" in kit.out and rev(kit.repo) == head
+    assert git(kit.repo, "log", "--format=%s", "base/1.0..HEAD").stdout == "Set VALUE to 2\n"
+
+
+def test_unapply_returns_to_the_base_and_apply_restores_the_series(kit):
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    assert kit.run("export")[0] == 0
+    applied = rev(kit.repo)
+    assert kit.run("unapply")[0] == 0
+    assert rev(kit.repo) == rev(kit.repo, "base/1.0")
+    assert kit.run("apply")[0] == 0
+    assert tree(kit.repo) == tree(kit.repo, applied)
+
+
+def test_uncommitted_edits_are_refused_and_kept(kit):
+    assert kit.run("apply")[0] == 0
+    (kit.repo / "tiny" / "__init__.py").write_text("VALUE = 'mine'\n")
+    (kit.repo / "notes.txt").write_text("mine")
+    for command in ("apply", "unapply", "export"):
+        code, err = kit.run(command)
+        assert code == 1 and "uncommitted changes" in err and err.count("\n") == 1
+    assert (kit.repo / "tiny" / "__init__.py").read_text() == "VALUE = 'mine'\n"
+    assert (kit.repo / "notes.txt").read_text() == "mine"
+
+
+def test_unexported_commits_are_refused_unless_discarded(kit):
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    mine = rev(kit.repo)
+    for command in ("apply", "unapply"):
+        code, err = kit.run(command)
+        assert code == 1 and "not in" in err and "make export" in err
+        assert rev(kit.repo) == mine
+    assert kit.run("unapply", "--discard")[0] == 0
+    assert rev(kit.repo) == rev(kit.repo, "base/1.0")
+
+
+def test_patch_that_does_not_apply_is_aborted_on_the_base(kit):
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    assert kit.run("export")[0] == 0
+    assert kit.run("unapply")[0] == 0
+    patch = next(kit.patches.glob("*.patch"))
+    patch.write_text(patch.read_text().replace("-VALUE = 1", "-VALUE = 7").replace("index ", "index-x "))
+    code, err = kit.run("apply")
+    assert code == 1 and err.count("\n") == 1
+    assert "0001-Set-VALUE-to-2.patch" in err and "tiny/__init__.py" in err
+    assert not (kit.repo / ".git" / "rebase-apply").exists(), "git am was aborted"
+    assert rev(kit.repo) == rev(kit.repo, "base/1.0")
+    assert git(kit.repo, "status", "--porcelain").stdout == ""
