@@ -21,7 +21,7 @@ UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)"
 
 .DEFAULT_GOAL := help
-.PHONY: help venv upstream apply unapply export test clean check-python
+.PHONY: help venv upstream apply unapply export test gate clean check-python
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -62,6 +62,11 @@ export: check-python ## regenerate patches/<name>/ from the commits on top of th
 test: ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
 	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
 	$(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
+
+gate: ## FAIL_TO_PASS / PASS_TO_PASS check: base + test hunks, then the series; report in build/gate/
+	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
+	@$(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+	  --jobs $(JOBS)
 
 clean: ## remove build/ and caches (the venv, checkouts and the sdist cache stay)
 	rm -rf build .pytest_cache .ruff_cache

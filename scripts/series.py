@@ -3,7 +3,7 @@
 The series lives on the branch ``series/<version>`` of the checkout, applied on ``base/<version>`` with
 ``git am --3way`` under a fixed committer and ``--committer-date-is-author-date``, so the same series gives
 the same commit ids everywhere. ``refs/kit/applied`` records the last commit the kit itself made, which tells
-the kit's commits apart from the user's own.
+the kit's commits apart from the user's own (the gate records its own under ``refs/kit/`` too).
 """
 
 import re
@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import KitError
-from scripts.checkout import git, has_ref, refuse_if_dirty, rev
+from scripts.checkout import git, refuse_if_dirty, rev
 
 APPLIED_REF = "refs/kit/applied"
 COMMITTER_ENV = {"GIT_COMMITTER_NAME": "upstream kit", "GIT_COMMITTER_EMAIL": "kit@upstream.invalid"}
@@ -22,6 +22,12 @@ FORMAT_PATCH = ["format-patch", "--quiet", "--no-signature", "--numbered", "--ze
 def patch_files(patch_dir: Path) -> list[Path]:
     """Return the ``*.patch`` files of ``patch_dir`` sorted by name (empty when the directory is missing)."""
     return sorted(patch_dir.glob("*.patch"))
+
+
+def touches(patch: Path, paths: tuple[str, ...]) -> bool:
+    """True when the ``git format-patch`` file ``patch`` changes a file under one of ``paths`` (``tests/``)."""
+    changed = re.findall(r"^diff --git a/(\S+) b/", patch.read_text(errors="replace"), re.M)
+    return any(name.startswith(paths) for name in changed)
 
 
 def branch(version: str) -> str:
@@ -36,18 +42,17 @@ def _exported(repo: Path, base: str) -> dict[str, bytes]:
         return {p.name: p.read_bytes() for p in sorted(Path(tmp).glob("*.patch"))}
 
 
-def _matches(repo: Path, base: str, patch_dir: Path) -> bool:
+def matches(repo: Path, base: str, patch_dir: Path) -> bool:
     """True when HEAD is on ``base`` and exporting ``base..HEAD`` gives exactly the files of ``patch_dir``."""
     if git(repo, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
         return False
     return _exported(repo, base) == {p.name: p.read_bytes() for p in patch_files(patch_dir)}
 
 
-def _refuse_if_unexported(repo: Path, patch_dir: Path, doing: str) -> None:
-    """Raise KitError when HEAD holds commits of the user's that are neither a base nor the kit's own."""
+def refuse_if_unexported(repo: Path, patch_dir: Path, doing: str) -> None:
+    """Raise KitError when HEAD is a commit of the user's: not a base, not one the kit made (``refs/kit/*``)."""
     head = rev(repo)
-    bases = git(repo, "tag", "--list", "base/*", "--points-at", head).stdout.split()
-    if bases or (has_ref(repo, APPLIED_REF) and rev(repo, APPLIED_REF) == head):
+    if git(repo, "for-each-ref", "--points-at", head, "refs/tags/base/", "refs/kit/").stdout:
         return
     raise KitError(f"{repo} has commits that are not in {patch_dir} (HEAD {head[:12]}): run `make export` to "
                    f"keep them, or `make unapply DISCARD=1` to drop them, before {doing}")
@@ -63,10 +68,10 @@ def apply(repo: Path, version: str, patch_dir: Path) -> str:
     base = f"base/{version}"
     refuse_if_dirty(repo, "applying the series")
     patches = patch_files(patch_dir)
-    if _matches(repo, base, patch_dir):
+    if matches(repo, base, patch_dir):
         git(repo, "update-ref", APPLIED_REF, "HEAD")
         return f"{repo.name}: series already applied on {base} ({len(patches)} patches, HEAD {rev(repo)[:12]})"
-    _refuse_if_unexported(repo, patch_dir, "applying the series")
+    refuse_if_unexported(repo, patch_dir, "applying the series")
     git(repo, "checkout", "--quiet", "-B", branch(version), base)
     if patches:
         result = git(repo, "am", "--quiet", "--3way", "--committer-date-is-author-date",
@@ -106,8 +111,8 @@ def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) ->
     """
     base = f"base/{version}"
     refuse_if_dirty(repo, "unapplying")
-    if not discard and not _matches(repo, base, patch_dir):
-        _refuse_if_unexported(repo, patch_dir, "unapplying")
+    if not discard and not matches(repo, base, patch_dir):
+        refuse_if_unexported(repo, patch_dir, "unapplying")
     git(repo, "checkout", "--quiet", "--detach", base)
     return f"{repo.name}: at {base} ({rev(repo)[:12]}), series not applied"
 

@@ -1,0 +1,251 @@
+"""The gate: the suite on the base plus the series' test hunks ("before"), then on the full series ("after").
+
+Contract (design.md, "How the suite and the gate judge"; SWE-bench's FAIL_TO_PASS / PASS_TO_PASS): a
+FAIL_TO_PASS test fails with an assertion before and passes after; every other test passes in both stages.
+An error, a skip (xfail included), or a test seen in one stage only is a violation. FAIL_TO_PASS tests are
+the kit's tests marked ``regression`` (read from the JUnit property the plugin scripts/pytest_regression.py
+writes) and the upstream node ids listed as ``fail_to_pass`` in ``[<name>.gate]`` of upstream/sources.toml.
+
+Each stage runs, per upstream, the kit's suite ``tests/<name>/`` and the upstream test files listed as
+``upstream_tests`` (from inside the checkout), each writing JUnit XML (xunit1, which names the file) to
+``build/gate/<stage>-<name>-{kit,upstream}.xml``. The report goes to ``build/gate/report.{json,md}``.
+The checkouts are left with the series applied. Exit status: 0 with no violation, 1 otherwise.
+"""
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scripts import KitError, checkout, series, sources
+from scripts.checkout import git, rev
+
+GATE_REF = "refs/kit/gate-before"
+STAGES = ("before", "after")
+
+
+@dataclass
+class Result:
+    """One test's outcome in one stage: ``passed``, ``failed``, ``error`` or ``skipped``, and the message."""
+
+    outcome: str
+    message: str = ""
+    regression: str = ""
+
+
+@dataclass
+class Upstream:
+    """What the gate knows of one upstream: pin, checkout, series, upstream tests and declared FAIL_TO_PASS."""
+
+    pin: sources.Pin
+    repo: Path
+    patch_dir: Path
+    upstream_tests: list[str]
+    fail_to_pass: list[str]
+    results: dict = field(default_factory=lambda: {stage: {} for stage in STAGES})
+    stages: dict = field(default_factory=dict)
+
+
+def node_id(case: ET.Element) -> str:
+    """Return the pytest node id of an xunit1 ``<testcase>`` (``file::Class::name`` or ``file::name``)."""
+    file, classname, name = case.get("file", ""), case.get("classname", ""), case.get("name", "")
+    module = file.removesuffix(".py").replace("/", ".")
+    inner = classname[len(module) + 1:].replace(".", "::") if classname.startswith(module + ".") else ""
+    return "::".join(part for part in (file, inner, name) if part)
+
+
+def read_junit(path: Path) -> dict[str, Result]:
+    """Return {node id: Result} from the JUnit XML at ``path``; raise KitError if it is missing or unreadable."""
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as e:
+        raise KitError(f"{path} is missing or not JUnit XML ({e}): see the pytest output above") from None
+    results = {}
+    for case in root.iter("testcase"):
+        outcome, message = "passed", ""
+        for kind in ("failure", "error", "skipped"):
+            element = case.find(kind)
+            if element is not None:
+                outcome = {"failure": "failed"}.get(kind, kind)
+                message = element.get("message", "") or (element.text or "")
+                break
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        key = node_id(case)
+        if key in results:  # the same id twice in one run: an error in setup/teardown after a result
+            outcome = "error" if "error" in (outcome, results[key].outcome) else results[key].outcome
+        results[key] = Result(outcome, message.strip(), props.get("regression", ""))
+    return results
+
+
+def pytest_command(python: str, junit: Path, jobs: str, paths: list[str], plugin: bool) -> list[str]:
+    """The pytest command line of one run: xunit1 JUnit at ``junit``, ``-n jobs`` unless jobs is '0'."""
+    command = [python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1", f"--junitxml={junit}",
+               "-q", "-rfEs"]
+    if plugin:
+        command += ["-p", "scripts.pytest_regression"]
+    if jobs != "0":
+        command += ["-n", jobs]
+    return command + paths
+
+
+def run_stage(stage: str, ups: list[Upstream], suites: Path, out: Path, python: str, jobs: str) -> None:
+    """Run the kit's suite and the upstream tests of every upstream; store results in ``Upstream.results``."""
+    for up in ups:
+        started = time.monotonic()
+        kit_xml, up_xml = out / f"{stage}-{up.pin.name}-kit.xml", out / f"{stage}-{up.pin.name}-upstream.xml"
+        runs = [(pytest_command(python, kit_xml.resolve(), jobs, [str(suites / up.pin.name)], True),
+                 sources.KIT_ROOT, kit_xml)]
+        if up.upstream_tests:
+            command = pytest_command(python, up_xml.resolve(), "0", ["--rootdir=.", *up.upstream_tests], False)
+            runs.append((command, up.repo, up_xml))
+        for command, cwd, xml in runs:
+            xml.unlink(missing_ok=True)
+            print(f"gate {stage} {up.pin.name}: {' '.join(command[1:])}", flush=True)
+            subprocess.run(command, cwd=cwd)
+            up.results[stage].update(read_junit(xml))
+        up.stages[stage] = {"commit": rev(up.repo), "wall_s": round(time.monotonic() - started, 1)}
+
+
+def is_assertion(message: str) -> bool:
+    """True when a pytest failure message is an assertion (``assert ...`` / ``AssertionError: ...``)."""
+    return message.startswith(("AssertionError", "assert "))
+
+
+def judge(up: Upstream) -> tuple[dict, list[str]]:
+    """Return ({node id: row}, violations) of one upstream; a row holds the contract and both outcomes."""
+    before, after = up.results["before"], up.results["after"]
+    declared = set(up.fail_to_pass)
+    marked = {k for stage in (before, after) for k, r in stage.items() if r.regression}
+    rows, violations = {}, []
+    for key in sorted(set(before) | set(after) | declared):
+        contract = "FAIL_TO_PASS" if key in declared or key in marked else "PASS_TO_PASS"
+        b, a = before.get(key), after.get(key)
+        rows[key] = {"contract": contract, "before": b.outcome if b else "missing", "after": a.outcome if a else "missing"}
+        problems = []
+        for stage, result in (("before", b), ("after", a)):
+            if result is None:
+                problems.append(f"missing {stage}")
+            elif result.outcome in ("error", "skipped"):
+                problems.append(f"{result.outcome} {stage}: {result.message.splitlines()[0] if result.message else ''}")
+        if not problems and contract == "FAIL_TO_PASS":
+            if b.outcome == "passed":
+                problems.append("FAIL_TO_PASS test passed before the series (it does not reproduce the bug)")
+            elif not is_assertion(b.message):
+                problems.append(f"FAIL_TO_PASS test failed before without an assertion: {b.message.splitlines()[0]}")
+            if a.outcome != "passed":
+                problems.append("FAIL_TO_PASS test failed after the series (the fix does not fix it)")
+        elif not problems and "failed" in (b.outcome, a.outcome):
+            stage = "before" if b.outcome == "failed" else "after"
+            problems.append(f"PASS_TO_PASS test failed {stage}: {(b if stage == 'before' else a).message.splitlines()[0]}")
+        rows[key]["ok"] = not problems
+        violations += [f"{up.pin.name} {key}: {p}" for p in problems]
+    return rows, violations
+
+
+def prepare_before(up: Upstream) -> None:
+    """Check out ``base`` + only the series' hunks under ``test_paths``, committed on ``gate/before/<version>``.
+
+    Refuses (KitError) a checkout with uncommitted changes or unexported commits, as ``make apply`` does.
+    """
+    repo, version = up.repo, up.pin.version
+    checkout.refuse_if_dirty(repo, "running the gate")
+    if not series.matches(repo, f"base/{version}", up.patch_dir):
+        series.refuse_if_unexported(repo, up.patch_dir, "running the gate")
+    git(repo, "checkout", "--quiet", "-B", f"gate/before/{version}", f"base/{version}")
+    includes = [f"--include={path.rstrip('/')}/*" for path in up.pin.test_paths]
+    for patch in series.patch_files(up.patch_dir):
+        if series.touches(patch, up.pin.test_paths):
+            git(repo, "apply", "--index", *includes, str(patch))
+    if git(repo, "diff", "--cached", "--quiet", check=False).returncode != 0:
+        git(repo, "commit", "--quiet", "--message", "gate: the test hunks of the series", env=checkout.BASE_ENV)
+    git(repo, "update-ref", GATE_REF, "HEAD")
+
+
+def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
+    """Build the Upstream records of the selected upstreams from the pins file."""
+    table = sources.load(args.sources)
+    names = [args.only] if args.only else list(table)
+    chosen = {name: version for name, _, version in (v.partition("=") for v in args.version) if version}
+    ups = []
+    for name in names:
+        pin = sources.pin(name, chosen.get(name), args.sources)
+        gate = table[name].get("gate", {})
+        if not (args.checkouts / name / ".git").is_dir():
+            raise KitError(f"{args.checkouts / name} does not exist: run `make apply` first")
+        ups.append(Upstream(pin, args.checkouts / name, args.patches / name, gate.get("upstream_tests", []),
+                            gate.get("fail_to_pass", [])))
+    return ups
+
+
+def write_report(ups: list[Upstream], judged: dict, out: Path, wall_s: float) -> dict:
+    """Write ``report.json`` and ``report.md`` into ``out``; return the JSON document."""
+    doc = {"verdict": "pass" if not any(v for _, v in judged.values()) else "fail", "wall_s": round(wall_s, 1),
+           "python": platform.python_version(), "upstreams": {}}
+    md = ["# Gate report", "", f"Verdict: **{doc['verdict'].upper()}** (wall time {doc['wall_s']} s)", ""]
+    for up in ups:
+        rows, violations = judged[up.pin.name]
+        f2p = [k for k, r in rows.items() if r["contract"] == "FAIL_TO_PASS"]
+        p2p = [k for k, r in rows.items() if r["contract"] == "PASS_TO_PASS"]
+        doc["upstreams"][up.pin.name] = {"version": up.pin.version, "stages": up.stages, "FAIL_TO_PASS": f2p,
+                                         "PASS_TO_PASS": p2p, "tests": rows, "violations": violations}
+        md += [f"## {up.pin.name} {up.pin.version}", "",
+               f"before = base `{up.stages['before']['commit'][:12]}` + test hunks; after = series "
+               f"`{up.stages['after']['commit'][:12]}`. FAIL_TO_PASS: {len(f2p)}, PASS_TO_PASS: {len(p2p)}, "
+               f"violations: {len(violations)}.", "",
+               "| test | contract | before | after | ok |", "|---|---|---|---|---|"]
+        md += [f"| `{k}` | {r['contract']} | {r['before']} | {r['after']} | {'yes' if r['ok'] else '**no**'} |"
+               for k, r in rows.items()]
+        md += [""] + [f"- violation: {v}" for v in violations] + ([""] if violations else [])
+    (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "report.md").write_text("\n".join(md) + "\n")
+    return doc
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """Parse the gate's options (paths default to the kit's own layout)."""
+    parser = argparse.ArgumentParser(prog="python -m scripts.gate", description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="gate this upstream only")
+    parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION")
+    parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)
+    parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
+    parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
+    parser.add_argument("--suites", type=Path, default=sources.KIT_ROOT / "tests", help="holds tests/<name>/")
+    parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "gate")
+    parser.add_argument("--jobs", default="auto", help="pytest-xdist workers for the kit's suite ('0': none)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run both stages, judge, report; return 0 with no violation, 1 otherwise (or on KitError)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    started = time.monotonic()
+    try:
+        ups = load_upstreams(args)
+        args.out.mkdir(parents=True, exist_ok=True)
+        for up in ups:
+            prepare_before(up)
+        run_stage("before", ups, args.suites, args.out, sys.executable, args.jobs)
+        for up in ups:
+            print(series.apply(up.repo, up.pin.version, up.patch_dir))
+        run_stage("after", ups, args.suites, args.out, sys.executable, args.jobs)
+    except KitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    judged = {up.pin.name: judge(up) for up in ups}
+    doc = write_report(ups, judged, args.out, time.monotonic() - started)
+    print(f"\ngate: {doc['verdict'].upper()} in {doc['wall_s']} s; report in {args.out}/report.md")
+    for name, entry in doc["upstreams"].items():
+        print(f"  {name} {entry['version']}: FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])}, "
+              f"PASS_TO_PASS {len(entry['PASS_TO_PASS'])}, violations {len(entry['violations'])}")
+        for violation in entry["violations"]:
+            print(f"  violation: {violation}")
+    return 0 if doc["verdict"] == "pass" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The gate on a tiny upstream: it passes a good series and rejects sabotaged ones, naming the violation.
+
+The tiny upstream's bug: ``tiny.VALUE`` is 1 and should be 2. The good series fixes it and adds the upstream
+test ``tests/test_fixed.py`` (declared FAIL_TO_PASS in sources.toml); the kit's suite for it holds one
+``regression`` test and one guard. Each sabotage breaks one part of the contract.
+"""
+
+import json
+
+import pytest
+
+from scripts import gate
+from scripts.checkout import git
+
+UPSTREAM_TEST = "def test_value_is_two():\n    import tiny\n\n    assert tiny.VALUE == 2\n"
+KIT_SUITE = '''import pytest
+
+import tiny
+
+
+@pytest.mark.regression("tiny", 1)
+def test_value_is_fixed():
+    assert tiny.VALUE == {expected}
+
+
+def test_value_is_known():
+    {guard}
+'''
+GOOD = {"expected": "2", "guard": "assert tiny.VALUE in (1, 2)"}
+
+
+def make_series(kit, fix: bool) -> None:
+    """Commit the upstream test (and the fix when ``fix``) in the tiny checkout and export the series."""
+    assert kit.run("apply")[0] == 0
+    if fix:
+        (kit.repo / "tiny" / "__init__.py").write_text("VALUE = 2\n")
+    (kit.repo / "tests" / "test_fixed.py").write_text(UPSTREAM_TEST)
+    git(kit.repo, "add", "--all")
+    git(kit.repo, "-c", "user.name=A U Thor", "-c", "user.email=author@example.com", "commit", "--quiet",
+        "--signoff", "--message", "Set VALUE to 2\n\nFixes #1")
+    assert kit.run("export")[0] == 0
+    assert kit.run("unapply")[0] == 0
+
+
+def run_gate(kit, monkeypatch, capsys, suite: dict) -> tuple[int, dict, str]:
+    """Run the gate on the tiny kit with the kit suite ``suite``; return (exit code, report.json, stdout)."""
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() +
+                                           '[tiny.gate]\nupstream_tests = ["tests/test_fixed.py"]\n'
+                                           'fail_to_pass = ["tests/test_fixed.py::test_value_is_two"]\n')
+    (kit.root / "suites" / "tiny").mkdir(parents=True)
+    (kit.root / "suites" / "tiny" / "test_tiny_kit.py").write_text(KIT_SUITE.format(**suite))
+    monkeypatch.setenv("PYTHONPATH", str(kit.repo))
+    capsys.readouterr()
+    code = gate.main([f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
+                      f"--patches={kit.root / 'patches'}", f"--suites={kit.root / 'suites'}",
+                      f"--out={kit.root / 'out'}", "--jobs=0"])
+    return code, json.loads((kit.root / "out" / "report.json").read_text()), capsys.readouterr().out
+
+
+def test_good_series_passes_and_is_left_applied(kit, monkeypatch, capsys):
+    make_series(kit, fix=True)
+    code, report, out = run_gate(kit, monkeypatch, capsys, GOOD)
+    assert code == 0, out
+    tiny = report["upstreams"]["tiny"]
+    assert tiny["FAIL_TO_PASS"] == ["test_tiny_kit.py::test_value_is_fixed", "tests/test_fixed.py::test_value_is_two"]
+    assert tiny["PASS_TO_PASS"] == ["test_tiny_kit.py::test_value_is_known"]
+    assert tiny["tests"]["tests/test_fixed.py::test_value_is_two"] == {
+        "contract": "FAIL_TO_PASS", "before": "failed", "after": "passed", "ok": True}
+    assert (kit.repo / "tiny" / "__init__.py").read_text() == "VALUE = 2\n"
+    assert "| `tests/test_fixed.py::test_value_is_two` | FAIL_TO_PASS | failed | passed | yes |" in (
+        kit.root / "out" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("fix, suite, violation", [
+    (False, GOOD, "tests/test_fixed.py::test_value_is_two: FAIL_TO_PASS test failed after the series"),
+    (False, GOOD, "test_tiny_kit.py::test_value_is_fixed: FAIL_TO_PASS test failed after the series"),
+    (True, {**GOOD, "expected": "tiny.VALUE"},
+     "test_tiny_kit.py::test_value_is_fixed: FAIL_TO_PASS test passed before the series"),
+    (True, {**GOOD, "guard": "pytest.skip('no reason')"}, "test_tiny_kit.py::test_value_is_known: skipped before"),
+    (True, {**GOOD, "guard": "assert tiny.VALUE == 2"}, "test_tiny_kit.py::test_value_is_known: PASS_TO_PASS test "
+     "failed before"),
+    (True, {**GOOD, "expected": "2 if tiny.VALUE == 2 else tiny.missing"},
+     "test_tiny_kit.py::test_value_is_fixed: FAIL_TO_PASS test failed before without an assertion"),
+], ids=["fix-hunks-removed-upstream-test", "fix-hunks-removed-kit-test", "regression-passes-on-base",
+        "skip", "guard-fails", "not-an-assertion"])
+def test_sabotaged_series_is_rejected(kit, monkeypatch, capsys, fix, suite, violation):
+    make_series(kit, fix=fix)
+    code, report, out = run_gate(kit, monkeypatch, capsys, suite)
+    assert code == 1
+    assert report["verdict"] == "fail"
+    assert any(v.startswith(f"tiny {violation}") for v in report["upstreams"]["tiny"]["violations"]), out
+    assert f"violation: tiny {violation}" in out
