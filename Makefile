@@ -12,16 +12,20 @@ ACCELERATE_VERSION ?=
 # pytest-xdist workers and extra pytest arguments for `make test`.
 JOBS ?= auto
 PYTEST_ARGS ?=
+# How many times `make stress` runs the 2-process suite.
+REPEAT ?= 10
 # `make unapply DISCARD=1` drops commits in a checkout that are not exported to patches/.
 DISCARD ?=
 
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kit-venv
+TOOLS := .tools
+TOOLS_STAMP := $(TOOLS)/.kit-tools
 UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)"
 
 .DEFAULT_GOAL := help
-.PHONY: help venv upstream apply unapply export test gate clean check-python
+.PHONY: help venv tools upstream apply unapply export test gate stress lint clean check-python
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -46,6 +50,13 @@ $(STAMP): requirements/kit.txt | check-python
 
 venv: $(STAMP) ## create .venv with the pinned tools (torch, torchdata, pytest, ...)
 
+$(TOOLS_STAMP): requirements/tools.txt | check-python
+	@test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet $(PIP_OPTS) -r requirements/tools.txt
+	@touch $@
+
+tools: $(TOOLS_STAMP) ## create .tools/ with the upstreams' style tools at their pinned versions (ruff, yapf, flake8, codespell)
+
 upstream: check-python ## make the pristine checkouts upstream/<name> (tag base/<version>); sdists are verified and cached
 	@$(call UPSTREAM,$(PYTHON),checkout)
 
@@ -68,6 +79,12 @@ gate: ## FAIL_TO_PASS / PASS_TO_PASS check: base + test hunks, then the series; 
 	@$(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
 	  --jobs $(JOBS)
 
-clean: ## remove build/ and caches (the venv, checkouts and the sdist cache stay)
+stress: ## run tests/accelerate REPEAT times on the checkouts as they are; failures per test in build/stress/
+	@$(PY) -m scripts.stress --repeat $(REPEAT) --jobs $(JOBS)
+
+lint: $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
+	@$(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
+
+clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)
 	rm -rf build .pytest_cache .ruff_cache
 	find scripts tests -name __pycache__ -type d -prune -exec rm -rf {} +

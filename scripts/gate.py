@@ -116,6 +116,34 @@ def is_assertion(message: str) -> bool:
     return message.startswith(("AssertionError", "assert "))
 
 
+def first_line(result: Result) -> str:
+    """The first line of a result's message ('' when there is none)."""
+    return result.message.splitlines()[0] if result.message else ""
+
+
+def problems_of(contract: str, b: Result | None, a: Result | None) -> list[str]:
+    """Return the contract violations of one test given its before (``b``) and after (``a``) results."""
+    problems = []
+    for stage, result in (("before", b), ("after", a)):
+        if result is None:
+            problems.append(f"missing {stage}")
+        elif result.outcome in ("error", "skipped"):
+            problems.append(f"{result.outcome} {stage}: {first_line(result)}")
+    if problems:
+        return problems
+    if contract == "FAIL_TO_PASS":
+        if b.outcome == "passed":
+            problems.append("FAIL_TO_PASS test passed before the series (it does not reproduce the bug)")
+        elif not is_assertion(b.message):
+            problems.append(f"FAIL_TO_PASS test failed before without an assertion: {first_line(b)}")
+        if a.outcome != "passed":
+            problems.append("FAIL_TO_PASS test failed after the series (the fix does not fix it)")
+    else:
+        problems += [f"PASS_TO_PASS test failed {stage}: {first_line(r)}"
+                     for stage, r in (("before", b), ("after", a)) if r.outcome == "failed"]
+    return problems
+
+
 def judge(up: Upstream) -> tuple[dict, list[str]]:
     """Return ({node id: row}, violations) of one upstream; a row holds the contract and both outcomes."""
     before, after = up.results["before"], up.results["after"]
@@ -125,24 +153,9 @@ def judge(up: Upstream) -> tuple[dict, list[str]]:
     for key in sorted(set(before) | set(after) | declared):
         contract = "FAIL_TO_PASS" if key in declared or key in marked else "PASS_TO_PASS"
         b, a = before.get(key), after.get(key)
-        rows[key] = {"contract": contract, "before": b.outcome if b else "missing", "after": a.outcome if a else "missing"}
-        problems = []
-        for stage, result in (("before", b), ("after", a)):
-            if result is None:
-                problems.append(f"missing {stage}")
-            elif result.outcome in ("error", "skipped"):
-                problems.append(f"{result.outcome} {stage}: {result.message.splitlines()[0] if result.message else ''}")
-        if not problems and contract == "FAIL_TO_PASS":
-            if b.outcome == "passed":
-                problems.append("FAIL_TO_PASS test passed before the series (it does not reproduce the bug)")
-            elif not is_assertion(b.message):
-                problems.append(f"FAIL_TO_PASS test failed before without an assertion: {b.message.splitlines()[0]}")
-            if a.outcome != "passed":
-                problems.append("FAIL_TO_PASS test failed after the series (the fix does not fix it)")
-        elif not problems and "failed" in (b.outcome, a.outcome):
-            stage = "before" if b.outcome == "failed" else "after"
-            problems.append(f"PASS_TO_PASS test failed {stage}: {(b if stage == 'before' else a).message.splitlines()[0]}")
-        rows[key]["ok"] = not problems
+        problems = problems_of(contract, b, a)
+        rows[key] = {"contract": contract, "before": b.outcome if b else "missing",
+                     "after": a.outcome if a else "missing", "ok": not problems}
         violations += [f"{up.pin.name} {key}: {p}" for p in problems]
     return rows, violations
 

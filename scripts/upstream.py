@@ -69,10 +69,12 @@ def install(pin: sources.Pin, repo: Path, table: dict, pip_options: list[str]) -
         pass
     command = [sys.executable, "-m", "pip", "install", "--quiet", *table.get("install_options", []),
                *pip_options, "--editable", str(repo)]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **table.get("install_env", {})})
+    env = {**os.environ, **table.get("install_env", {})}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         lines = [line for line in result.stderr.splitlines() if line.strip()]
-        raise KitError(f"pip could not install {repo} ({lines[-1] if lines else 'no message'}): see `{shlex.join(command)}`")
+        last = lines[-1] if lines else "no message"
+        raise KitError(f"pip could not install {repo} ({last}): run `{shlex.join(command)}` to see why")
     for path in table.get("install_restores", []):
         checkout.git(repo, "checkout", "--quiet", "--", path)
     return f"{pin.name}: installed editable from {repo}"

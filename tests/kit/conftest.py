@@ -8,6 +8,7 @@ command line, ``scripts.upstream.main``, against it.
 
 import hashlib
 import io
+import shutil
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,8 +93,13 @@ class Kit:
 
 @pytest.fixture
 def kit(tmp_path, tiny_index, capsys) -> Kit:
-    """A throw-away kit pinning the tiny upstream with its true sha256."""
+    """A throw-away kit pinning the tiny upstream with its true sha256, its sdist already in the cache.
+
+    Tests of the download itself empty ``kit.cache`` first.
+    """
     index, sha = tiny_index
     made = Kit(tmp_path, index, sha, capsys)
     made.pin()
+    made.cache.mkdir()
+    shutil.copy(index / "tiny-1.0.tar.gz", made.cache)
     return made

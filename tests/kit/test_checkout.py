@@ -3,6 +3,7 @@
 Each error test fails when the protection it names is removed from scripts/sdist.py or scripts/checkout.py.
 """
 
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tests.kit.conftest import make_tarball
 
 
 def test_checkout_downloads_verifies_caches_and_tags_base(kit):
+    shutil.rmtree(kit.cache)
     code, err = kit.run("checkout")
     assert code == 0, err
     assert (kit.cache / "tiny-1.0.tar.gz").exists()
@@ -24,6 +26,7 @@ def test_checkout_downloads_verifies_caches_and_tags_base(kit):
 
 
 def test_second_run_needs_no_network(kit, tmp_path):
+    shutil.rmtree(kit.cache)
     assert kit.run("checkout")[0] == 0
     git(kit.repo, "tag", "-d", "base/1.0")
     empty = tmp_path / "empty-index"
@@ -52,6 +55,7 @@ def test_wrong_sha256_deletes_archive_and_extracts_nothing(kit):
 
 
 def test_no_network_and_no_cache_names_the_file_and_the_pin(kit, tmp_path):
+    shutil.rmtree(kit.cache)
     empty = tmp_path / "empty-index"
     empty.mkdir()
     code, err = kit.run("checkout", index=empty)
@@ -83,7 +87,6 @@ def test_unsafe_tarball_is_refused_and_nothing_is_left(tmp_path, member):
 
 def test_unsafe_sdist_through_the_command_line(kit):
     archive = kit.cache / "tiny-1.0.tar.gz"
-    archive.parent.mkdir()
     kit.pin(sha256=make_tarball(archive, [("tiny-1.0/ok.txt", "ok"), _link("tiny-1.0/x", "/etc/passwd")]))
     code, err = kit.run("checkout")
     assert code == 1 and "unsafe member" in err

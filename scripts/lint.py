@@ -1,0 +1,124 @@
+"""Check each patch series as its upstream's reviewers would, and the kit's own code.
+
+Per upstream (``[<name>.lint]`` of upstream/sources.toml): every ``commands`` entry is run from inside the
+checkout (series applied) on the ``.py`` files the series adds or changes, with the program taken from the
+tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requirements/tools.txt); each such
+file must start with the ``header`` regex. Per patch: it applies to the base with whitespace errors fatal
+(``git apply --cached --whitespace=error`` into a temporary index), and its message has a subject of at most
+72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO). The kit's own
+code: ``ruff check`` with the kit's pyproject.toml. Prints one line per problem; exit status 0 when clean.
+"""
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from email.parser import BytesHeaderParser
+from pathlib import Path
+
+from scripts import KitError, series, sources
+from scripts.checkout import git
+
+SUBJECT_MAX = 72
+
+
+def message_problems(patch: Path) -> list[str]:
+    """Return what is missing from the commit message of the ``git format-patch`` file ``patch``."""
+    text = patch.read_text(errors="replace")
+    subject = BytesHeaderParser().parsebytes(patch.read_bytes()).get("Subject", "")
+    subject = re.sub(r"\s+", " ", re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(subject))).strip()
+    body = text.split("\n\n", 1)[1].split("\n---\n", 1)[0] if "\n\n" in text else ""
+    problems = []
+    if len(subject) > SUBJECT_MAX:
+        problems.append(f"subject is {len(subject)} characters (at most {SUBJECT_MAX})")
+    prose = [line for line in body.splitlines() if line.strip() and not re.match(r"^[\w-]+: ", line)]
+    if not prose:
+        problems.append("commit message has no body")
+    if not re.search(r"^Fixes #\d+", body, re.M):
+        problems.append("no `Fixes #N` line")
+    if not re.search(r"^Signed-off-by: .+ <[^>]+@[^>]+>$", body, re.M):
+        problems.append("no `Signed-off-by: Name <email>` trailer (DCO)")
+    return problems
+
+
+def whitespace_problems(repo: Path, base: str, patches: list[Path]) -> dict[Path, str]:
+    """Apply ``patches`` in order to ``base`` in a temporary index with whitespace errors fatal.
+
+    Returns {patch: git's first error line} for the first patch that fails (later ones are not tried).
+    """
+    with tempfile.TemporaryDirectory(prefix="kit-lint-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(repo, "read-tree", base, env=env)
+        for patch in patches:
+            result = git(repo, "apply", "--cached", "--whitespace=error", str(patch), env=env, check=False)
+            if result.returncode != 0:
+                return {patch: (result.stderr.strip().splitlines() or ["does not apply"])[0]}
+    return {}
+
+
+def touched_python(repo: Path, base: str) -> list[str]:
+    """Return the ``.py`` files that ``base..HEAD`` adds or modifies (paths relative to ``repo``)."""
+    out = git(repo, "diff", "--name-only", "--diff-filter=AM", base, "HEAD", "--", "*.py").stdout
+    return sorted(out.split())
+
+
+def lint_upstream(pin: sources.Pin, table: dict, repo: Path, patch_dir: Path, tools: Path) -> list[str]:
+    """Return the problems of one upstream's series; raise KitError when the series is not applied."""
+    base = f"base/{pin.version}"
+    if not series.matches(repo, base, patch_dir):
+        raise KitError(f"{repo} does not carry exactly {patch_dir}: run `make apply` (or `make export`) first")
+    patches = series.patch_files(patch_dir)
+    problems = [f"{p.relative_to(patch_dir.parent.parent)}: {m}" for p in patches for m in message_problems(p)]
+    problems += [f"{p.relative_to(patch_dir.parent.parent)}: {m}"
+                 for p, m in whitespace_problems(repo, base, patches).items()]
+    files = touched_python(repo, base)
+    lint = table.get("lint", {})
+    header = re.compile(lint.get("header", r"\A"))
+    problems += [f"{pin.name}/{f}: no license header" for f in files if not header.match((repo / f).read_text())]
+    for command in lint.get("commands", []) if files else []:
+        program = tools / "bin" / command[0]
+        if not program.exists():
+            raise KitError(f"{program} is missing: run `make tools` first")
+        result = subprocess.run([str(program), *command[1:], *files], cwd=repo, capture_output=True, text=True)
+        if result.returncode != 0:
+            output = (result.stdout + result.stderr).strip()
+            problems.append(f"{pin.name}: `{' '.join(command)}` failed:\n{output}")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Lint every upstream's series (or ``--only NAME``) and, unless ``--only``, the kit's code; 0 when clean."""
+    parser = argparse.ArgumentParser(prog="python -m scripts.lint", description=__doc__.splitlines()[0])
+    parser.add_argument("--only")
+    parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION")
+    parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)
+    parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
+    parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
+    parser.add_argument("--tools", type=Path, default=sources.KIT_ROOT / ".tools")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    chosen = {name: version for name, _, version in (v.partition("=") for v in args.version) if version}
+    problems = []
+    try:
+        table = sources.load(args.sources)
+        for name in [args.only] if args.only else list(table):
+            pin = sources.pin(name, chosen.get(name), args.sources)
+            found = lint_upstream(pin, table[name], args.checkouts / name, args.patches / name, args.tools)
+            print(f"lint {name} {pin.version}: {len(found)} problems")
+            problems += found
+        if not args.only:
+            result = subprocess.run([str(args.tools / "bin" / "ruff"), "check", "--quiet", "scripts", "tests"],
+                                    cwd=sources.KIT_ROOT, capture_output=True, text=True)
+            kit = [f"kit: `ruff check`:\n{result.stdout.strip()}"] if result.returncode else []
+            print(f"lint kit: {len(kit)} problems")
+            problems += kit
+    except KitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for problem in problems:
+        print(f"  {problem}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
