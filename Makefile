@@ -70,7 +70,7 @@ unapply: check-python ## put the checkouts back on their base (refuses to drop u
 export: check-python ## regenerate patches/<name>/ from the commits on top of the base (git format-patch)
 	@$(call UPSTREAM,$(PYTHON),export)
 
-test: ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
+test: $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
 	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
 	$(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 

@@ -28,7 +28,7 @@ def message_problems(patch: Path) -> list[str]:
     text = patch.read_text(errors="replace")
     subject = BytesHeaderParser().parsebytes(patch.read_bytes()).get("Subject", "")
     subject = re.sub(r"\s+", " ", re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(subject))).strip()
-    body = text.split("\n\n", 1)[1].split("\n---\n", 1)[0] if "\n\n" in text else ""
+    body = ("\n" + text.split("\n\n", 1)[1]).split("\n---\n", 1)[0] if "\n\n" in text else ""
     problems = []
     if len(subject) > SUBJECT_MAX:
         problems.append(f"subject is {len(subject)} characters (at most {SUBJECT_MAX})")
@@ -53,7 +53,8 @@ def whitespace_problems(repo: Path, base: str, patches: list[Path]) -> dict[Path
         for patch in patches:
             result = git(repo, "apply", "--cached", "--whitespace=error", str(patch), env=env, check=False)
             if result.returncode != 0:
-                return {patch: (result.stderr.strip().splitlines() or ["does not apply"])[0]}
+                first = (result.stderr.strip().splitlines() or ["does not apply"])[0]
+                return {patch: first.replace(f"{patch}:", "line ")}
     return {}
 
 

@@ -1,0 +1,48 @@
+"""`make lint` on a tiny upstream: a clean patch passes; a mis-formatted, unsigned one fails on every count.
+
+Uses the real tool environment (.tools, made by `make tools`, which `make test` depends on).
+"""
+
+import pytest
+
+from scripts import lint
+from scripts.checkout import git
+from scripts.sources import KIT_ROOT
+
+LINT = "[tiny.lint]\nheader = '\\A# tiny\\n'\ncommands = [[\"ruff\", \"format\", \"--check\"]]\n"
+
+
+def lint_series(kit, capsys, content: str, message: str) -> tuple[int, str]:
+    """Commit ``content`` as tiny/__init__.py with ``message``, export, and lint; return (exit code, stdout)."""
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() + LINT)
+    assert kit.run("apply")[0] == 0
+    (kit.repo / "tiny" / "__init__.py").write_text(content)
+    git(kit.repo, "-c", "user.name=A U Thor", "-c", "user.email=author@example.com", "commit", "--quiet", "--all",
+        "--message", message)
+    assert kit.run("export")[0] == 0
+    capsys.readouterr()
+    code = lint.main(["--only=tiny", f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
+                      f"--patches={kit.root / 'patches'}", f"--tools={KIT_ROOT / '.tools'}"])
+    return code, capsys.readouterr().out
+
+
+def test_clean_patch_passes(kit, capsys):
+    code, out = lint_series(kit, capsys, "# tiny\nVALUE = 2\n", "Set VALUE to 2\n\nThe value was wrong.\n\n"
+                            "Fixes #1\n\nSigned-off-by: A U Thor <author@example.com>")
+    assert code == 0, out
+    assert "lint tiny 1.0: 0 problems" in out
+
+
+@pytest.mark.parametrize("problem", [
+    "subject is 80 characters (at most 72)",
+    "commit message has no body",
+    "no `Fixes #N` line",
+    "no `Signed-off-by: Name <email>` trailer (DCO)",
+    "trailing whitespace",
+    "tiny/tiny/__init__.py: no license header",
+    "`ruff format --check` failed",
+])
+def test_misformatted_unsigned_patch_fails(kit, capsys, problem):
+    code, out = lint_series(kit, capsys, "VALUE=[1,\n  2]  \n", "x" * 80)
+    assert code == 1
+    assert problem in out, out
