@@ -14,6 +14,10 @@ JOBS ?= auto
 PYTEST_ARGS ?=
 # How many times `make stress` runs the 2-process suite.
 REPEAT ?= 10
+# `make upstream SOURCE=git` (or apply): a missing base comes from the upstream's git tag, not the sdist.
+SOURCE ?= sdist
+# `make export RESIGN=1`: re-sign the series with your git identity (author and Signed-off-by) first.
+RESIGN ?=
 # `make unapply DISCARD=1` drops commits in a checkout that are not exported to patches/.
 DISCARD ?=
 
@@ -22,7 +26,7 @@ STAMP := $(VENV)/.kit-venv
 TOOLS := .tools
 TOOLS_STAMP := $(TOOLS)/.kit-tools
 UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
-	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)"
+	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
 .DEFAULT_GOAL := help
 .PHONY: help venv tools upstream apply unapply export test gate stress lint clean check-python
@@ -31,7 +35,8 @@ help: ## list the targets and variables
 	@echo "Targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
-	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS DISCARD"
+	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
+	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N"
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
@@ -57,7 +62,7 @@ $(TOOLS_STAMP): requirements/tools.txt | check-python
 
 tools: $(TOOLS_STAMP) ## create .tools/ with the upstreams' style tools at their pinned versions (ruff, yapf, flake8, codespell)
 
-upstream: check-python ## make the pristine checkouts upstream/<name> (tag base/<version>); sdists are verified and cached
+upstream: check-python ## make the pristine checkouts upstream/<name> (tag base/<version>) from sdists, or SOURCE=git
 	@$(call UPSTREAM,$(PYTHON),checkout)
 
 apply: $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
@@ -67,8 +72,8 @@ apply: $(STAMP) ## venv + checkouts + the series applied (git am --3way) + edita
 unapply: check-python ## put the checkouts back on their base (refuses to drop uncommitted edits)
 	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(DISCARD),--discard)
 
-export: check-python ## regenerate patches/<name>/ from the commits on top of the base (git format-patch)
-	@$(call UPSTREAM,$(PYTHON),export)
+export: check-python ## regenerate patches/<name>/ from the commits on the base (git format-patch); RESIGN=1 signs as you
+	@$(call UPSTREAM,$(PYTHON),export) $(if $(RESIGN),--resign)
 
 test: $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
 	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }

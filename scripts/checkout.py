@@ -29,8 +29,9 @@ EXCLUDES = ["*.egg-info/", "__pycache__/", "*.py[cod]", "/build/", ".pytest_cach
 PORTABLE = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.symlinks=true"]
 
 
-def git(repo: Path, *args: str, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    """Run ``git -C repo args`` and return the completed process (text stdout/stderr).
+def git(repo: Path, *args: str, env: dict | None = None, check: bool = True, input: str | None = None
+        ) -> subprocess.CompletedProcess:
+    """Run ``git -C repo args`` (``input`` on stdin) and return the completed process (text stdout/stderr).
 
     Raises KitError naming the command and git's last error line when ``check`` and git exits non-zero,
     or when git is not installed.
@@ -38,7 +39,7 @@ def git(repo: Path, *args: str, env: dict | None = None, check: bool = True) -> 
     if shutil.which("git") is None:
         raise KitError("git is not installed: install git (apt-get install git) and run again")
     result = subprocess.run(["git", "-C", str(repo), *PORTABLE, *args], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {})}, input=input)
     if check and result.returncode != 0:
         lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
         raise KitError(f"git {args[0]} failed in {repo}: {lines[-1] if lines else 'exit ' + str(result.returncode)}")
@@ -101,16 +102,32 @@ def commit_tree(repo: Path, tree: Path, message: str) -> str:
         return git(repo, "commit-tree", tree_id, "-m", message, env=env).stdout.strip()
 
 
-def make_base(pin: Pin, repo: Path, cache_dir: Path, pip_options: list[str] = ()) -> str:
-    """Make sure ``repo`` holds ``pin``'s pristine sdist tree as a commit tagged ``base/<version>``.
+def fetch_tag(pin: Pin, repo: Path) -> None:
+    """Fetch the commit of ``pin.tag`` from ``pin.git`` (depth 1) into ``repo`` as the tag ``base/<version>``.
 
-    Downloads (or takes from ``cache_dir``) and verifies the sdist only when the tag is missing. The
-    ``*.egg-info`` metadata that setuptools writes into an sdist is left out: an editable install
-    rewrites it. A new, empty checkout is left detached at the base. Returns the base commit id.
-    Raises KitError from sdist.fetch / sdist.extract / git.
+    Raises KitError naming the URL and the tag when git cannot fetch it (no network, no such tag).
+    """
+    refspec = f"+refs/tags/{pin.tag}:refs/tags/{base_tag(pin.version)}"
+    result = git(repo, "fetch", "--quiet", "--depth=1", "--no-tags", pin.git, refspec, check=False)
+    if result.returncode != 0:
+        lines = [line for line in result.stderr.splitlines() if line.strip()] or ["no message"]
+        raise KitError(f"cannot fetch tag {pin.tag} of {pin.name} from {pin.git} ({lines[-1]}): check the network "
+                       f"and the pin, or use the sdist source (SOURCE=sdist)")
+
+
+def make_base(pin: Pin, repo: Path, cache_dir: Path, pip_options: list[str] = (), source: str = "sdist") -> str:
+    """Make sure ``repo`` holds ``pin``'s pristine tree as a commit tagged ``base/<version>``.
+
+    ``source="sdist"``: downloads (or takes from ``cache_dir``) and verifies the sdist, only when the tag is
+    missing; the ``*.egg-info`` metadata that setuptools writes into an sdist is left out (an editable
+    install rewrites it). ``source="git"``: the upstream's own commit of ``pin.tag`` (see fetch_tag). An
+    existing ``base/<version>`` is kept whatever its source. A new, empty checkout is left detached at the
+    base. Returns the base commit id. Raises KitError from sdist.fetch / sdist.extract / git.
     """
     ensure_repo(repo)
     tag = base_tag(pin.version)
+    if not has_ref(repo, tag) and source == "git":
+        fetch_tag(pin, repo)
     if not has_ref(repo, tag):
         archive = sdist.fetch(pin, cache_dir, pip_options)
         with tempfile.TemporaryDirectory(prefix="kit-extract-") as tmp:

@@ -117,6 +117,36 @@ def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) ->
     return f"{repo.name}: at {base} ({rev(repo)[:12]}), series not applied"
 
 
+def resign(repo: Path, version: str) -> str:
+    """Rewrite ``base/<version>..HEAD`` with the user's git identity as author and sole ``Signed-off-by``.
+
+    Trees and order stay; each message keeps everything but its old ``Signed-off-by:`` lines. The user's
+    identity is git's ``user.name`` / ``user.email``. Returns the identity. Raises KitError when git has no
+    identity or the history above the base is not linear (``git format-patch`` could not export it anyway).
+    """
+    base = f"base/{version}"
+    refuse_if_dirty(repo, "re-signing (commit them with `git commit -s`)")
+    name = git(repo, "config", "user.name", check=False).stdout.strip()
+    email = git(repo, "config", "user.email", check=False).stdout.strip()
+    if not (name and email):
+        raise KitError("git has no user.name / user.email: set them (git config --global user.name ...) to re-sign")
+    commits = git(repo, "rev-list", "--reverse", "--topo-order", f"{base}..HEAD").stdout.split()
+    if git(repo, "rev-list", "--merges", f"{base}..HEAD").stdout.strip():
+        raise KitError(f"{repo} has merge commits above {base}: make the series linear before re-signing")
+    identity = {"GIT_AUTHOR_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_NAME": name,
+                "GIT_COMMITTER_EMAIL": email}
+    parent = rev(repo, base)
+    for commit in commits:
+        message = git(repo, "log", "-1", "--format=%B", commit).stdout
+        kept = "\n".join(line for line in message.splitlines() if not line.startswith("Signed-off-by:"))
+        signed = git(repo, "interpret-trailers", "--trailer", f"Signed-off-by: {name} <{email}>",
+                     input=kept.rstrip() + "\n").stdout
+        parent = git(repo, "commit-tree", f"{commit}^{{tree}}", "-p", parent, "-m", signed.rstrip(),
+                     env=identity).stdout.strip()
+    git(repo, "update-ref", "-m", "kit: re-sign the series", "HEAD", parent)
+    return f"{name} <{email}>"
+
+
 def export(repo: Path, version: str, patch_dir: Path) -> str:
     """Write ``base/<version>..HEAD`` as ``git format-patch`` files into ``patch_dir``; return a summary.
 

@@ -1,10 +1,12 @@
 """Command line of the checkout workflow: ``python -m scripts.upstream COMMAND`` (the Makefile calls it).
 
 Commands (each acts on every upstream in ``upstream/sources.toml``, or on ``--only NAME``):
-  checkout  make ``upstream/<name>/`` with the pristine commit ``base/<version>`` (sdist: download, verify, cache)
+  checkout  make ``upstream/<name>/`` with the pristine commit ``base/<version>`` (sdist: download, verify,
+            cache; or ``--source git``: the upstream's tag)
   apply     checkout, then ``base/<version>`` + ``patches/<name>/*.patch`` on branch ``series/<version>``
   unapply   back to ``base/<version>`` (refuses to drop uncommitted edits or unexported commits)
   export    ``patches/<name>/`` regenerated from ``base/<version>..HEAD`` with ``git format-patch``
+            (``--resign``: first re-signed with your git identity)
   install   editable installs of the checkouts into the running Python (skipped when already in place)
 
 Exit status 0 on success; 1 with one line ``error: ...`` on stderr when something needs the user.
@@ -36,6 +38,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="verified sdists are kept here")
     parser.add_argument("--pip-options", default="", help="extra pip options, one shell-quoted string")
     parser.add_argument("--discard", action="store_true", help="unapply: drop commits that are not exported")
+    parser.add_argument("--resign", action="store_true",
+                        help="export: first make you (git's user.name/email) author and sole Signed-off-by")
+    parser.add_argument("--source", choices=["sdist", "git"], default="sdist",
+                        help="where a missing base comes from: the pinned sdist, or the upstream's git tag")
     return parser.parse_args(argv)
 
 
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> list[str]:
         pin = sources.pin(name, chosen.get(name), args.sources)
         repo, patch_dir = args.checkouts / name, args.patches / name
         if args.command in ("checkout", "apply"):
-            base = checkout.make_base(pin, repo, args.cache, pip_options)
+            base = checkout.make_base(pin, repo, args.cache, pip_options, args.source)
             lines.append(f"{name}: base/{pin.version} is {base[:12]}")
         if args.command == "apply":
             lines.append(series.apply(repo, pin.version, patch_dir))
@@ -99,6 +105,8 @@ def run(args: argparse.Namespace) -> list[str]:
         elif args.command == "unapply":
             lines.append(series.unapply(repo, pin.version, patch_dir, args.discard))
         elif args.command == "export":
+            if args.resign:
+                lines.append(f"{name}: re-signed as {series.resign(repo, pin.version)}")
             lines.append(series.export(repo, pin.version, patch_dir))
         elif args.command == "install":
             lines.append(install(pin, repo, sources.load(args.sources)[name], pip_options))

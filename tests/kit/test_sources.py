@@ -1,0 +1,58 @@
+"""The git source (``--source git``, for maintainers with network) and re-signing on export.
+
+The git source is tested against a local repository URL, never the network.
+"""
+
+from scripts.checkout import git, rev
+from tests.kit.conftest import TINY_FILES
+from tests.kit.test_series import commit_fix
+
+
+def make_git_upstream(tmp_path) -> str:
+    """A local git repository holding the tiny upstream with the annotated tag v1.0; return its file:// URL."""
+    origin = tmp_path / "origin"
+    for name, text in TINY_FILES.items():
+        (origin / name).parent.mkdir(parents=True, exist_ok=True)
+        (origin / name).write_text(text)
+    ident = ["-c", "user.name=Upstream", "-c", "user.email=up@example.com"]
+    git(origin, "init", "--quiet")
+    git(origin, "add", "--all")
+    git(origin, *ident, "commit", "--quiet", "--message", "Release 1.0")
+    git(origin, *ident, "tag", "--annotate", "v1.0", "--message", "v1.0")
+    (origin / "later.txt").write_text("after the tag")
+    git(origin, "add", "--all")
+    git(origin, *ident, "commit", "--quiet", "--message", "After 1.0")
+    return origin.as_uri()
+
+
+def test_git_source_takes_the_pinned_tag(kit, tmp_path):
+    url = make_git_upstream(tmp_path)
+    kit.pin()
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text().replace("file:///nowhere", url))
+    code, err = kit.run("apply", "--source=git")
+    assert code == 0, err
+    assert rev(kit.repo, "base/1.0") == rev(tmp_path / "origin", "v1.0")
+    assert (kit.repo / "tiny.egg-info" / "PKG-INFO").exists(), "the tag's tree, not the sdist's"
+    assert not (kit.repo / "later.txt").exists()
+
+
+def test_git_source_without_network_is_one_line(kit):
+    code, err = kit.run("checkout", "--source=git")
+    assert code == 1 and err.count("\n") == 1
+    assert "cannot fetch tag v1.0 of tiny from file:///nowhere" in err
+
+
+def test_export_resign_makes_the_user_author_and_sole_signer(kit):
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    git(kit.repo, "config", "user.name", "Re Viewer")
+    git(kit.repo, "config", "user.email", "re@example.com")
+    before_tree = git(kit.repo, "rev-parse", "HEAD^{tree}").stdout
+    code, err = kit.run("export", "--resign")
+    assert code == 0, err
+    patch = next(kit.patches.glob("*.patch")).read_text()
+    assert "From: Re Viewer <re@example.com>" in patch
+    assert "Signed-off-by: Re Viewer <re@example.com>" in patch and "A U Thor" not in patch
+    assert "Fixes #1" in patch
+    assert git(kit.repo, "rev-parse", "HEAD^{tree}").stdout == before_tree
+    assert kit.run("apply")[0] == 0 and "already applied" in kit.out
