@@ -6,7 +6,8 @@ tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requir
 file must start with the ``header`` regex. Per patch: it applies to the base with whitespace errors fatal
 (``git apply --cached --whitespace=error`` into a temporary index), and its message has a subject of at most
 72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO). The kit's own
-code: ``ruff check`` with the kit's pyproject.toml. Prints one line per problem; exit status 0 when clean.
+code: ``ruff check`` with the kit's pyproject.toml, and the GitHub Actions workflows against the workflow
+schema that check-jsonschema ships. Prints one line per problem; exit status 0 when clean.
 """
 
 import argparse
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
             result = subprocess.run([str(args.tools / "bin" / "ruff"), "check", "--quiet", "scripts", "tests"],
                                     cwd=sources.KIT_ROOT, capture_output=True, text=True)
             kit = [f"kit: `ruff check`:\n{result.stdout.strip()}"] if result.returncode else []
+            workflows = sorted(str(p) for p in (sources.KIT_ROOT / ".github" / "workflows").glob("*.yml"))
+            result = subprocess.run([str(args.tools / "bin" / "check-jsonschema"), "--builtin-schema",
+                                     "vendor.github-workflows", *workflows], capture_output=True, text=True)
+            kit += [f"kit: workflow schema:\n{result.stdout.strip()}"] if result.returncode else []
             print(f"lint kit: {len(kit)} problems")
             problems += kit
     except KitError as e:

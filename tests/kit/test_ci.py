@@ -1,0 +1,30 @@
+"""CI entry points run the README's commands: .ci/run and the GitHub Actions workflow (schema-checked)."""
+
+import re
+import subprocess
+
+from scripts.sources import KIT_ROOT
+
+WORKFLOW = KIT_ROOT / ".github" / "workflows" / "gate.yml"
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's set-up block (the first fenced block)."""
+    block = re.search(r"```\n(.*?)```", (KIT_ROOT / "README.md").read_text(), re.S).group(1)
+    return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def test_ci_run_calls_the_readme_commands_then_the_gate():
+    lines = [line for line in (KIT_ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("make")]
+    assert readme_commands() == ["make apply", "make test"]
+    assert lines == [*readme_commands(), "make gate"]
+
+
+def test_workflow_is_valid_and_runs_the_readme_commands_and_the_gate():
+    result = subprocess.run([str(KIT_ROOT / ".tools" / "bin" / "check-jsonschema"), "--builtin-schema",
+                             "vendor.github-workflows", str(WORKFLOW)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = WORKFLOW.read_text()
+    runs = re.findall(r"^\s+run: (make \w+)", text, re.M)
+    assert runs == [*readme_commands(), "make gate"]
+    assert 'python-version: "3.11"' in text and "path: build/gate/" in text
