@@ -29,7 +29,7 @@ UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate stress lint clean check-python
+.PHONY: help venv tools upstream apply unapply export test gate stress lint matrix clean check-python
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -89,6 +89,9 @@ stress: ## run tests/accelerate REPEAT times on the checkouts as they are; failu
 
 lint: $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
 	@$(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
+
+matrix: $(STAMP) ## every pinned release: series applied? gate verdict? table in build/matrix/report.md (slow)
+	@$(PY) -m scripts.matrix
 
 clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)
 	rm -rf build .pytest_cache .ruff_cache
