@@ -29,7 +29,7 @@ UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate stress lint matrix clean check-python
+.PHONY: help venv tools upstream apply unapply export test gate stress lint matrix pr clean check-python
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -92,6 +92,9 @@ lint: $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygien
 
 matrix: $(STAMP) ## every pinned release: series applied? gate verdict? table in build/matrix/report.md (slow)
 	@$(PY) -m scripts.matrix
+
+pr: ## the pull-request bodies build/pr/<name>.md: docs/pr/<name>.md + the gate's table + the commands
+	@$(PYTHON) -m scripts.pr
 
 clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)
 	rm -rf build .pytest_cache .ruff_cache
