@@ -1,0 +1,230 @@
+"""Accelerate #4204: ``prepare()`` draws the epoch-0 permutation before the cross-rank RNG sync.
+
+Upstream code (accelerate 1.15.0, ``src/accelerate/data_loader.py``): with
+``DataLoaderConfiguration(use_stateful_dataloader=True)``, ``DataLoaderAdapter.__init__`` (line 444) calls
+torchdata's ``StatefulDataLoader.state_dict()``. With ``num_workers > 0`` that builds the multiprocessing iterator
+(torchdata 0.11.0 ``stateful_dataloader.py`` line 415-419): it starts the workers and primes the prefetch, which
+pulls indices from the batch sampler, so the ``RandomSampler`` draws its permutation from this rank's generator
+(seeded from this rank's global RNG in ``prepare_data_loader``, line 1251) inside ``accelerator.prepare()``.
+torchdata reuses that iterator for the first ``__iter__``; ``DataLoaderShard.__iter__`` synchronizes the RNG
+states across ranks only then (line 579), too late. Ranks whose RNG differed before ``prepare()`` shard
+different permutations: epoch 0 sees some samples twice and others never.
+
+Every test here reads the results of one real 2-process launch (Gloo on CPU,
+``torch.distributed.run --standalone``, so a free port) of ``accelerate_worker.py``, where the scenarios are
+defined; the launch has a timeout and is killed with all its processes, and pytest-xdist workers share it.
+Tests marked ``regression`` fail on the base and pass with the series (FAIL_TO_PASS); the others are guards
+and pass on both.
+"""
+
+import collections
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).with_name("accelerate_worker.py")
+NUM_SAMPLES = 96  # accelerate_worker.NUM_SAMPLES
+LAUNCH_TIMEOUT = 180  # seconds for the whole launch; a healthy one takes about 15 s on 2 cores
+regression = pytest.mark.regression("accelerate", 4204)
+
+
+def _kill_tree(proc):
+    """Kill the launcher's process group and every process below it.
+
+    ``torch.distributed.run`` starts each rank in a session of its own, so killing our group alone would
+    leave the ranks (and their DataLoader workers) running.
+    """
+    import psutil  # a dependency of accelerate, so present wherever accelerate is
+
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in below:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    proc.wait()
+
+
+def _launch(out_dir):
+    """Run all scenarios in one launch; return what the tests need to explain a missing result."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log_path = out_dir / "launch.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER)]
+    start = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [*cmd, str(out_dir)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir, start_new_session=True
+        )
+        try:
+            returncode, timed_out = proc.wait(timeout=LAUNCH_TIMEOUT), False
+        except subprocess.TimeoutExpired:
+            returncode, timed_out = None, True
+        finally:
+            _kill_tree(proc)
+    return {"returncode": returncode, "timed_out": timed_out, "seconds": round(time.monotonic() - start, 1)}
+
+
+@pytest.fixture(scope="session")
+def launch_dir(tmp_path_factory):
+    """The directory of the session's single launch; under pytest-xdist all workers share it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # common to the xdist workers of this session
+    out_dir = root / "accelerate-4204"
+    with open(root / "accelerate-4204.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        summary = out_dir / "launch.json"
+        if not summary.exists():
+            summary_data = _launch(out_dir)
+            summary.write_text(json.dumps(summary_data))
+    return out_dir
+
+
+def ranks(launch_dir, scenario):
+    """The two ranks' results of one scenario; fails the test with the launch's log tail when one is missing."""
+    results = []
+    for rank in (0, 1):
+        path = launch_dir / f"{scenario}.rank{rank}.json"
+        if not path.exists():
+            launch = json.loads((launch_dir / "launch.json").read_text())
+            tail = (launch_dir / "launch.log").read_text(errors="replace")[-3000:]
+            pytest.fail(f"rank {rank} wrote no result for {scenario!r}; launch: {launch}\n--- launch.log ---\n{tail}")
+        result = json.loads(path.read_text())
+        if "error" in result:
+            pytest.fail(f"rank {rank} raised in {scenario!r}:\n{result['error']}")
+        assert result["world_size"] == 2, result
+        results.append(result)
+    return results
+
+
+def assert_partition(rank0_ids, rank1_ids, what):
+    """The two ranks' sample ids together are the dataset, each id exactly once."""
+    counts = collections.Counter(rank0_ids + rank1_ids)
+    union = sum(1 for i in counts if 0 <= i < NUM_SAMPLES)
+    missing = NUM_SAMPLES - union
+    duplicated = sum(1 for n in counts.values() if n > 1)
+    assert (union, missing, duplicated, len(rank0_ids) + len(rank1_ids)) == (NUM_SAMPLES, 0, 0, NUM_SAMPLES), (
+        f"{what} is not a partition of the {NUM_SAMPLES} samples across the 2 ranks: "
+        f"union={union}/{NUM_SAMPLES}, missing={missing}, duplicated={duplicated} "
+        f"(rank 0 saw {len(rank0_ids)}, rank 1 saw {len(rank1_ids)})"
+    )
+
+
+def _by_workers():
+    """num_workers 0, 1, 2, 6; 0 is a guard (no prefetch, so no draw before the RNG sync), the others regressions."""
+    return [pytest.param(nw, id=f"nw{nw}", marks=() if nw == 0 else regression) for nw in (0, 1, 2, 6)]
+
+
+SEEDINGS = ["diverged", "unequal-use"]
+
+
+@pytest.mark.parametrize("num_workers", _by_workers())
+@pytest.mark.parametrize("seeding", SEEDINGS)
+def test_epoch0_partition(launch_dir, seeding, num_workers):
+    """Epoch 0 is an exact partition of the dataset whatever each rank's RNG state before ``prepare()``.
+
+    ``diverged``: a different seed per rank; ``unequal-use``: a common seed, then rank 1 draws more random
+    numbers before ``prepare()``. ``num_workers=0`` is a guard: the single-process iterator draws the
+    permutation lazily, after ``DataLoaderShard.__iter__`` synchronized the sampler's generator (line 579).
+    """
+    rank0, rank1 = ranks(launch_dir, f"partition-{seeding}-nw{num_workers}")
+    assert_partition(rank0["epochs"][0], rank1["epochs"][0], "epoch 0")
+
+
+@pytest.mark.parametrize("num_workers", _by_workers())
+@pytest.mark.parametrize("seeding", SEEDINGS)
+def test_epoch0_partition_after_early_state_dict(launch_dir, seeding, num_workers):
+    """As ``test_epoch0_partition``, with ``loader.state_dict()`` called after ``prepare()``, before the first batch.
+
+    ``accelerator.save_state()`` before training does that (``checkpointing.py`` line 144). torchdata builds an
+    iterator to answer (torchdata 0.11.0 ``StatefulDataLoader.state_dict``, line 415-419) and keeps it for the
+    first epoch; the fix must not leave it there.
+    """
+    rank0, rank1 = ranks(launch_dir, f"state-dict-first-{seeding}-nw{num_workers}")
+    assert rank0["state_dict_type"] == rank1["state_dict_type"] == "dict"
+    assert_partition(rank0["epochs"][0], rank1["epochs"][0], "epoch 0 after an early state_dict()")
+
+
+@pytest.mark.parametrize("num_workers", _by_workers())
+def test_prepare_starts_no_workers(launch_dir, num_workers):
+    """``accelerator.prepare()`` starts no DataLoader worker process (counted as new live children of each rank).
+
+    On the base, ``DataLoaderAdapter.__init__`` (line 444) starts ``num_workers`` of them per rank.
+    """
+    results = ranks(launch_dir, f"partition-diverged-nw{num_workers}")
+    started = [r["workers_after_prepare"] for r in results]
+    assert started == [0, 0], f"prepare() left worker processes running: {started} on ranks 0, 1"
+
+
+@pytest.mark.parametrize("num_workers", _by_workers())
+def test_early_state_dict_leaves_no_iterator(launch_dir, num_workers):
+    """``loader.state_dict()`` before the first batch leaves no pre-built iterator, hence no workers, running.
+
+    A left-over iterator would hold the permutation drawn before the RNG sync and serve it as epoch 0.
+    """
+    results = ranks(launch_dir, f"state-dict-first-diverged-nw{num_workers}")
+    running = [r["workers_after_state_dict"] for r in results]
+    assert running == [0, 0], f"workers still running after an early state_dict(): {running} on ranks 0, 1"
+
+
+@pytest.mark.parametrize("epoch", [pytest.param(0, id="epoch0", marks=regression), pytest.param(1, id="epoch1")])
+def test_persistent_workers_partition(launch_dir, epoch):
+    """With ``persistent_workers=True`` and 2 workers, each epoch is a partition (ranks seeded differently).
+
+    Epoch 1 is a guard: torchdata resets the persistent iterator in ``__iter__``, after the RNG sync, so only
+    epoch 0 is hit.
+    """
+    rank0, rank1 = ranks(launch_dir, "persistent-workers-nw2")
+    assert_partition(rank0["epochs"][epoch], rank1["epochs"][epoch], f"epoch {epoch}")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
+def test_dispatch_batches_partition(launch_dir, num_workers):
+    """Guard: with ``dispatch_batches=True`` only rank 0 reads and slices, so epoch 0 is a partition before and after.
+
+    ``DataLoaderDispatcher`` (line 723) shares ``DataLoaderAdapter``; the fix must not break it.
+    """
+    rank0, rank1 = ranks(launch_dir, f"dispatch-batches-nw{num_workers}")
+    assert_partition(rank0["epochs"][0], rank1["epochs"][0], "epoch 0 (dispatch_batches=True)")
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param("resume-shard-nw0", id="shard-nw0"),
+        pytest.param("resume-shard-nw2", id="shard-nw2", marks=regression),
+        pytest.param("resume-dispatch-nw0", id="dispatch-nw0"),
+    ],
+)
+def test_mid_epoch_resume(launch_dir, scenario):
+    """Save after 3 batches, load into a new prepared loader: the rest equals the uninterrupted epoch 0.
+
+    ``use_seedable_sampler=True`` and one common seed on both ranks. ``shard-nw2`` is a regression test: on
+    the base, the prefetch in ``prepare()`` runs before ``prepare_data_loader`` swaps in the
+    ``SeedableRandomSampler`` (line 1326), so the uninterrupted epoch 0 comes from the original sampler while
+    the resumed loader follows the seedable one. ``dispatch_batches`` with workers is left out: it resumes one
+    batch too far on the base and with the fix alike, a separate bug (see ``accelerate_worker.py``).
+    """
+    for result in ranks(launch_dir, scenario):
+        uninterrupted, resumed = result["uninterrupted"], result["before"] + result["after"]
+        first_difference = next(
+            (i for i, (a, b) in enumerate(zip(uninterrupted, resumed, strict=False)) if a != b),
+            min(len(uninterrupted), len(resumed)),
+        )
+        assert resumed == uninterrupted, (
+            f"rank {result['rank']}: save after {len(result['before'])} samples + resume yields {len(resumed)} "
+            f"samples, uninterrupted {len(uninterrupted)}; first difference at sample {first_difference}"
+        )
