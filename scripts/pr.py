@@ -20,7 +20,8 @@ OUT = sources.KIT_ROOT / "build" / "pr"
 def gate_section(name: str, entry: dict) -> str:
     """Markdown: the gate's verdict for one upstream, a row per FAIL_TO_PASS test, PASS_TO_PASS counted."""
     tests = entry["tests"]
-    lines = [f"## Before / after ({name} {entry['version']}, base + test hunks vs. base + this PR)", "",
+    lines = [f"{name} {entry['version']}: before = the release + only the tests of this PR, after = the release "
+             "+ this PR.", "",
              f"FAIL_TO_PASS: {len(entry['FAIL_TO_PASS'])} tests fail before and pass after; PASS_TO_PASS: "
              f"{len(entry['PASS_TO_PASS'])} tests pass in both; violations: {len(entry['violations'])}.", "",
              "| FAIL_TO_PASS test | before | after |", "|---|---|---|"]
