@@ -98,8 +98,8 @@ def run_stage(stage: str, ups: list[Upstream], suites: Path, out: Path, python: 
     for up in ups:
         started = time.monotonic()
         kit_xml, up_xml = out / f"{stage}-{up.pin.name}-kit.xml", out / f"{stage}-{up.pin.name}-upstream.xml"
-        runs = [(pytest_command(python, kit_xml.resolve(), jobs, [str(suites / up.pin.name)], True),
-                 sources.KIT_ROOT, kit_xml)]
+        kit_args = [f"--rootdir={suites.resolve().parent}", str(suites / up.pin.name)]
+        runs = [(pytest_command(python, kit_xml.resolve(), jobs, kit_args, True), sources.KIT_ROOT, kit_xml)]
         if up.upstream_tests:
             command = pytest_command(python, up_xml.resolve(), "0", ["--rootdir=.", *up.upstream_tests], False)
             runs.append((command, up.repo, up_xml))

@@ -26,6 +26,7 @@ def test_value_is_fixed():
 def test_value_is_known():
     {guard}
 '''
+KIT_TEST = "suites/tiny/test_tiny_kit.py"  # node ids are relative to the parent of --suites
 GOOD = {"expected": "2", "guard": "assert tiny.VALUE in (1, 2)"}
 
 
@@ -62,8 +63,8 @@ def test_good_series_passes_and_is_left_applied(kit, monkeypatch, capsys):
     code, report, out = run_gate(kit, monkeypatch, capsys, GOOD)
     assert code == 0, out
     tiny = report["upstreams"]["tiny"]
-    assert tiny["FAIL_TO_PASS"] == ["test_tiny_kit.py::test_value_is_fixed", "tests/test_fixed.py::test_value_is_two"]
-    assert tiny["PASS_TO_PASS"] == ["test_tiny_kit.py::test_value_is_known"]
+    assert tiny["FAIL_TO_PASS"] == [f"{KIT_TEST}::test_value_is_fixed", "tests/test_fixed.py::test_value_is_two"]
+    assert tiny["PASS_TO_PASS"] == [f"{KIT_TEST}::test_value_is_known"]
     assert tiny["tests"]["tests/test_fixed.py::test_value_is_two"] == {
         "contract": "FAIL_TO_PASS", "before": "failed", "after": "passed", "ok": True}
     assert (kit.repo / "tiny" / "__init__.py").read_text() == "VALUE = 2\n"
@@ -73,14 +74,14 @@ def test_good_series_passes_and_is_left_applied(kit, monkeypatch, capsys):
 
 @pytest.mark.parametrize("fix, suite, violation", [
     (False, GOOD, "tests/test_fixed.py::test_value_is_two: FAIL_TO_PASS test failed after the series"),
-    (False, GOOD, "test_tiny_kit.py::test_value_is_fixed: FAIL_TO_PASS test failed after the series"),
+    (False, GOOD, f"{KIT_TEST}::test_value_is_fixed: FAIL_TO_PASS test failed after the series"),
     (True, {**GOOD, "expected": "tiny.VALUE"},
-     "test_tiny_kit.py::test_value_is_fixed: FAIL_TO_PASS test passed before the series"),
-    (True, {**GOOD, "guard": "pytest.skip('no reason')"}, "test_tiny_kit.py::test_value_is_known: skipped before"),
-    (True, {**GOOD, "guard": "assert tiny.VALUE == 2"}, "test_tiny_kit.py::test_value_is_known: PASS_TO_PASS test "
+     f"{KIT_TEST}::test_value_is_fixed: FAIL_TO_PASS test passed before the series"),
+    (True, {**GOOD, "guard": "pytest.skip('no reason')"}, f"{KIT_TEST}::test_value_is_known: skipped before"),
+    (True, {**GOOD, "guard": "assert tiny.VALUE == 2"}, f"{KIT_TEST}::test_value_is_known: PASS_TO_PASS test "
      "failed before"),
     (True, {**GOOD, "expected": "2 if tiny.VALUE == 2 else tiny.missing"},
-     "test_tiny_kit.py::test_value_is_fixed: FAIL_TO_PASS test failed before without an assertion"),
+     f"{KIT_TEST}::test_value_is_fixed: FAIL_TO_PASS test failed before without an assertion"),
 ], ids=["fix-hunks-removed-upstream-test", "fix-hunks-removed-kit-test", "regression-passes-on-base",
         "skip", "guard-fails", "not-an-assertion"])
 def test_sabotaged_series_is_rejected(kit, monkeypatch, capsys, fix, suite, violation):
