@@ -15,6 +15,7 @@ The checkouts are left with the series applied. Exit status: 0 with no violation
 import argparse
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -111,9 +112,20 @@ def run_stage(stage: str, ups: list[Upstream], suites: Path, out: Path, python: 
         up.stages[stage] = {"commit": rev(up.repo), "wall_s": round(time.monotonic() - started, 1)}
 
 
+# Exceptions that re-raise a child process's failure with its traceback in the message: torch.multiprocessing's,
+# which ``accelerate.debug_launcher`` (Accelerate's multi-process CPU tests) raises.
+CHILD_FAILURE = "torch.multiprocessing.spawn.ProcessRaisedException"
+
+
 def is_assertion(message: str) -> bool:
-    """True when a pytest failure message is an assertion (``assert ...`` / ``AssertionError: ...``)."""
-    return message.startswith(("AssertionError", "assert "))
+    """True when a pytest failure message is an assertion (``assert ...`` / ``AssertionError: ...``).
+
+    For a failure re-raised from a child process (CHILD_FAILURE), the child's last exception decides.
+    """
+    if message.startswith(("AssertionError", "assert ")):
+        return True
+    raised = re.findall(r"^([A-Za-z_][\w.]*): ", message, re.M)
+    return message.startswith(CHILD_FAILURE) and raised[-1:] == ["AssertionError"]
 
 
 def first_line(result: Result) -> str:

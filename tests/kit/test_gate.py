@@ -91,3 +91,17 @@ def test_sabotaged_series_is_rejected(kit, monkeypatch, capsys, fix, suite, viol
     assert report["verdict"] == "fail"
     assert any(v.startswith(f"tiny {violation}") for v in report["upstreams"]["tiny"]["violations"]), out
     assert f"violation: tiny {violation}" in out
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("assert 1 == 2", True),
+    ("AssertionError: the partition is broken", True),
+    ("torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 0 terminated with the following error:\n"
+     "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nAssertionError: 10 samples missing", True),
+    ("torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 0 terminated with the following error:\n"
+     "Traceback (most recent call last):\nModuleNotFoundError: No module named 'x'", False),
+    ("ModuleNotFoundError: No module named 'x'", False),
+    ("Failed: Timeout", False),
+])
+def test_only_assertions_count_as_reproducing_failures(message, expected):
+    assert gate.is_assertion(message) is expected
