@@ -14,6 +14,8 @@ JOBS ?= auto
 PYTEST_ARGS ?=
 # How many times `make stress` runs the 2-process suite.
 REPEAT ?= 10
+# Extra options of `make bench` (python -m scripts.bench --help), e.g. `--repeat 9`, `--profile-gate`, `--cold-apply`.
+BENCH_ARGS ?=
 # `make upstream SOURCE=git` (or apply): a missing base comes from the upstream's git tag, not the sdist.
 SOURCE ?= sdist
 # `make export RESIGN=1`: re-sign the series with your git identity (author and Signed-off-by) first.
@@ -29,7 +31,7 @@ UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate stress lint matrix pr clean check-python
+.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix pr clean check-python
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -69,7 +71,7 @@ apply: $(STAMP) ## venv + checkouts + the series applied (git am --3way) + edita
 	@$(call UPSTREAM,$(PY),apply)
 	@$(call UPSTREAM,$(PY),install)
 
-unapply: check-python ## put the checkouts back on their base (refuses to drop uncommitted edits)
+unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)
 	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(DISCARD),--discard)
 
 export: check-python ## regenerate patches/<name>/ from the commits on the base (git format-patch); RESIGN=1 signs as you
@@ -86,6 +88,11 @@ gate: ## FAIL_TO_PASS / PASS_TO_PASS check: base + test hunks, then the series; 
 
 stress: ## run tests/accelerate REPEAT times on the checkouts as they are; failures per test in build/stress/
 	@$(PY) -m scripts.stress --repeat $(REPEAT) --jobs $(JOBS)
+
+bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate vs its floor; build/bench/report.md
+	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
+	@$(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
+	  --version accelerate=$(ACCELERATE_VERSION) --jobs $(JOBS) $(BENCH_ARGS)
 
 lint: $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
 	@$(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)

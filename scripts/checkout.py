@@ -1,7 +1,7 @@
 """Make and inspect the git checkout of an upstream under ``upstream/<name>/``.
 
-The pristine tree of every pinned version is one root commit tagged ``base/<version>`` (design.md, "How an
-upstream checkout is made"). It is written with git plumbing from a temporary index, so the work tree is not
+The pristine tree of every pinned version is one root commit tagged ``base/<version>`` (README, "How
+checkouts are made"). It is written with git plumbing from a temporary index, so the work tree is not
 touched, and with a fixed identity and date, so two machines make the same commit id from the same sdist.
 """
 

@@ -1,6 +1,6 @@
 """The gate: the suite on the base plus the series' test hunks ("before"), then on the full series ("after").
 
-Contract (design.md, "How the suite and the gate judge"; SWE-bench's FAIL_TO_PASS / PASS_TO_PASS): a
+Contract (README, "The gate and its report"; SWE-bench's FAIL_TO_PASS / PASS_TO_PASS): a
 FAIL_TO_PASS test fails with an assertion before and passes after; every other test passes in both stages.
 An error, a skip (xfail included), or a test seen in one stage only is a violation. FAIL_TO_PASS tests are
 the kit's tests marked ``regression`` (read from the JUnit property the plugin scripts/pytest_regression.py
@@ -14,12 +14,14 @@ The checkouts are left with the series applied. Exit status: 0 with no violation
 
 import argparse
 import json
+import os
 import platform
 import re
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,20 +97,34 @@ def pytest_command(python: str, junit: Path, jobs: str, paths: list[str], plugin
 
 
 def run_stage(stage: str, ups: list[Upstream], suites: Path, out: Path, python: str, jobs: str) -> None:
-    """Run the kit's suite and the upstream tests of every upstream; store results in ``Upstream.results``."""
+    """Run the kit's suite and the upstream tests of every upstream; store results in ``Upstream.results``.
+
+    Kit tests are keyed by their node id from the kit's root (``tests/<name>/...``), upstream tests by
+    ``upstream/<name>/`` + their node id in the upstream's tree, so the two never mix. pytest's output goes to
+    ``<out>/<stage>-<name>-{kit,upstream}.log``; the terminal gets one line per run.
+    """
     for up in ups:
         started = time.monotonic()
-        kit_xml, up_xml = out / f"{stage}-{up.pin.name}-kit.xml", out / f"{stage}-{up.pin.name}-upstream.xml"
-        kit_args = [f"--rootdir={suites.resolve().parent}", str(suites / up.pin.name)]
-        runs = [(pytest_command(python, kit_xml.resolve(), jobs, kit_args, True), sources.KIT_ROOT, kit_xml)]
+        name = up.pin.name
+        kit_args = [f"--rootdir={suites.resolve().parent}", str(suites / name)]
+        runs = [("kit", kit_args, jobs, True, sources.KIT_ROOT, "")]
         if up.upstream_tests:
-            command = pytest_command(python, up_xml.resolve(), "0", ["--rootdir=.", *up.upstream_tests], False)
-            runs.append((command, up.repo, up_xml))
-        for command, cwd, xml in runs:
+            runs.append(("upstream", ["--rootdir=.", *up.upstream_tests], "0", False, up.repo, f"upstream/{name}/"))
+        for suite, args, workers, plugin, cwd, prefix in runs:
+            xml, log = out / f"{stage}-{name}-{suite}.xml", out / f"{stage}-{name}-{suite}.log"
             xml.unlink(missing_ok=True)
-            print(f"gate {stage} {up.pin.name}: {' '.join(command[1:])}", flush=True)
-            subprocess.run(command, cwd=cwd)
-            up.results[stage].update(read_junit(xml))
+            run_started = time.monotonic()
+            with open(log, "w") as output:
+                command = pytest_command(python, xml.resolve(), workers, args, plugin)
+                output.write(f"$ (cd {cwd} && {' '.join(command)})\n")
+                output.flush()
+                subprocess.run(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT)
+            results = read_junit(xml)
+            up.results[stage].update({prefix + key: result for key, result in results.items()})
+            outcomes = Counter(result.outcome for result in results.values())
+            summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(outcomes.items()))
+            print(f"gate {stage} {name} {suite} tests: {summary or 'none'} in {time.monotonic() - run_started:.1f} s "
+                  f"(log: {os.path.relpath(log)})", flush=True)
         up.stages[stage] = {"commit": rev(up.repo), "wall_s": round(time.monotonic() - started, 1)}
 
 
@@ -159,7 +175,7 @@ def problems_of(contract: str, b: Result | None, a: Result | None) -> list[str]:
 def judge(up: Upstream) -> tuple[dict, list[str]]:
     """Return ({node id: row}, violations) of one upstream; a row holds the contract and both outcomes."""
     before, after = up.results["before"], up.results["after"]
-    declared = set(up.fail_to_pass)
+    declared = {f"upstream/{up.pin.name}/{key}" for key in up.fail_to_pass}
     marked = {k for stage in (before, after) for k, r in stage.items() if r.regression}
     rows, violations = {}, []
     for key in sorted(set(before) | set(after) | declared):
@@ -216,12 +232,15 @@ def write_report(ups: list[Upstream], judged: dict, out: Path, wall_s: float) ->
         rows, violations = judged[up.pin.name]
         f2p = [k for k, r in rows.items() if r["contract"] == "FAIL_TO_PASS"]
         p2p = [k for k, r in rows.items() if r["contract"] == "PASS_TO_PASS"]
-        doc["upstreams"][up.pin.name] = {"version": up.pin.version, "stages": up.stages, "FAIL_TO_PASS": f2p,
-                                         "PASS_TO_PASS": p2p, "tests": rows, "violations": violations}
+        base = rev(up.repo, f"base/{up.pin.version}")
+        doc["upstreams"][up.pin.name] = {"version": up.pin.version, "base": base, "stages": up.stages,
+                                         "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "tests": rows,
+                                         "violations": violations}
         md += [f"## {up.pin.name} {up.pin.version}", "",
-               f"before = base `{up.stages['before']['commit'][:12]}` + test hunks; after = series "
-               f"`{up.stages['after']['commit'][:12]}`. FAIL_TO_PASS: {len(f2p)}, PASS_TO_PASS: {len(p2p)}, "
-               f"violations: {len(violations)}.", "",
+               f"before = `{up.stages['before']['commit'][:12]}`: the base `{base[:12]}` + only the series' test "
+               f"hunks; after = `{up.stages['after']['commit'][:12]}`: the base + the series. Kit tests are "
+               f"`tests/{up.pin.name}/...`; upstream tests `upstream/{up.pin.name}/...` (in the upstream's tree).", "",
+               f"FAIL_TO_PASS: {len(f2p)}, PASS_TO_PASS: {len(p2p)}, violations: {len(violations)}.", "",
                "| test | contract | before | after | ok |", "|---|---|---|---|---|"]
         md += [f"| `{k}` | {r['contract']} | {r['before']} | {r['after']} | {'yes' if r['ok'] else '**no**'} |"
                for k, r in rows.items()]

@@ -1,8 +1,8 @@
 """pytest plugin: the ``regression(upstream, issue)`` marker, and its record in the JUnit XML.
 
 A test marked ``@pytest.mark.regression("deepspeed", 8787)`` reproduces upstream issue 8787 of DeepSpeed:
-the gate expects it to FAIL on the base and PASS with the series (FAIL_TO_PASS, design.md "How the suite
-and the gate judge"). The marker is written as the JUnit property ``regression = "deepspeed#8787"`` so the
+the gate expects it to FAIL on the base and PASS with the series (FAIL_TO_PASS, README "The gate
+and its report"). The marker is written as the JUnit property ``regression = "deepspeed#8787"`` so the
 gate reads the contract from the same XML as the outcome. Loaded by ``tests/conftest.py`` and by the
 gate's ``-p scripts.pytest_regression``.
 """

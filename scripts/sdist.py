@@ -1,6 +1,6 @@
 """Download, verify, cache and safely extract an upstream's sdist.
 
-Rules from design.md ("How an upstream checkout is made"): download with
+Rules (README, "How checkouts are made"): download with
 ``pip download --no-deps --no-binary :all:``, check the sha256 before anything is extracted, extract with
 tarfile's ``data`` filter (PEP 706: no absolute paths, no ``..``, no links out of the tree, no special files,
 no owner or permission surprises), and keep the verified archive so a second run needs no network.

@@ -2,8 +2,10 @@
 
 The series lives on the branch ``series/<version>`` of the checkout, applied on ``base/<version>`` with
 ``git am --3way`` under a fixed committer and ``--committer-date-is-author-date``, so the same series gives
-the same commit ids everywhere. ``refs/kit/applied`` records the last commit the kit itself made, which tells
-the kit's commits apart from the user's own (the gate records its own under ``refs/kit/`` too).
+the same commit ids everywhere. ``refs/kit/applied`` records the last commit ``git am`` made for the kit (the
+gate records its own under ``refs/kit/`` too). A HEAD that is neither a base nor such a commit holds the
+user's own work: it may be replaced only while ``patches/<name>/`` holds exactly that work (exporting it
+again gives the same files), or when the user says ``--discard``.
 """
 
 import re
@@ -28,6 +30,11 @@ def touches(patch: Path, paths: tuple[str, ...]) -> bool:
     """True when the ``git format-patch`` file ``patch`` changes a file under one of ``paths`` (``tests/``)."""
     changed = re.findall(r"^diff --git a/(\S+) b/", patch.read_text(errors="replace"), re.M)
     return any(name.startswith(paths) for name in changed)
+
+
+def count(patches) -> str:
+    """'1 patch' / 'N patches' for a sized collection of patches."""
+    return f"{len(patches)} patch{'' if len(patches) == 1 else 'es'}"
 
 
 def branch(version: str) -> str:
@@ -69,8 +76,7 @@ def apply(repo: Path, version: str, patch_dir: Path) -> str:
     refuse_if_dirty(repo, "applying the series")
     patches = patch_files(patch_dir)
     if matches(repo, base, patch_dir):
-        git(repo, "update-ref", APPLIED_REF, "HEAD")
-        return f"{repo.name}: series already applied on {base} ({len(patches)} patches, HEAD {rev(repo)[:12]})"
+        return f"{repo.name}: series already applied on {base} ({count(patches)}, HEAD {rev(repo)[:12]})"
     refuse_if_unexported(repo, patch_dir, "applying the series")
     git(repo, "checkout", "--quiet", "-B", branch(version), base)
     if patches:
@@ -83,7 +89,7 @@ def apply(repo: Path, version: str, patch_dir: Path) -> str:
                            f"{repo.name} {version}{_failed_file(result.stdout + result.stderr)}: the checkout "
                            f"was left on {base}; rebase the series (see README, 'Changing a patch')")
     git(repo, "update-ref", APPLIED_REF, "HEAD")
-    return f"{repo.name}: applied {len(patches)} patches on {base}, HEAD {rev(repo)[:12]}"
+    return f"{repo.name}: applied {count(patches)} on {base}, HEAD {rev(repo)[:12]}"
 
 
 def _failed_patch(output: str, patches: list[Path]) -> str:
@@ -163,5 +169,4 @@ def export(repo: Path, version: str, patch_dir: Path) -> str:
         old.unlink()
     for name, data in files.items():
         (patch_dir / name).write_bytes(data)
-    git(repo, "update-ref", APPLIED_REF, "HEAD")
-    return f"{repo.name}: exported {len(files)} patches from {base}..HEAD to {patch_dir}"
+    return f"{repo.name}: exported {count(files)} from {base}..HEAD to {patch_dir}"

@@ -1,6 +1,6 @@
 """Read the upstream pins from ``upstream/sources.toml``.
 
-Facts come from the design page (design.md, "How an upstream checkout is made"): an upstream is pinned by
+See README, "How checkouts are made": an upstream is pinned by
 version, sdist file name and sha256; the git source is a URL and a tag pattern.
 """
 

@@ -14,7 +14,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from scripts import KitError
+from scripts import KitError, sources
+from scripts.checkout import git, rev
 from scripts.gate import pytest_command, read_junit
 from scripts.sources import KIT_ROOT
 
@@ -45,11 +46,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"stress run {run}/{args.repeat}: {sum(r.outcome != 'passed' for r in results.values())} not passed "
               f"of {len(results)} in {walls[-1]} s", flush=True)
     tests = {key: {"passed": passed[key], "not_passed": other[key]} for key in sorted(set(passed) | set(other))}
-    doc = {"repeat": args.repeat, "paths": args.paths, "wall_s": walls, "tests": tests,
+    repos = {name: KIT_ROOT / "upstream" / name for name in sources.names()}
+    commits = {name: f"{git(repo, 'rev-parse', '--abbrev-ref', 'HEAD').stdout.strip()} {rev(repo)[:12]}"
+               for name, repo in repos.items() if (repo / ".git").is_dir()}
+    doc = {"repeat": args.repeat, "paths": args.paths, "checkouts": commits, "wall_s": walls, "tests": tests,
            "failures": sum(other.values())}
     (args.out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
-    md = [f"# Stress: {' '.join(args.paths)} x {args.repeat}", "", f"Runs not passed in total: {doc['failures']}; "
-          f"wall time per run (s): {walls}", "", "| test | passed | not passed |", "|---|---|---|"]
+    md = [f"# Stress: {' '.join(args.paths)} x {args.repeat}", "",
+          "Checkouts: " + ", ".join(f"{name} `{where}`" for name, where in commits.items()), "",
+          f"Runs not passed in total: {doc['failures']}; wall time per run (s): {walls}", "",
+          "| test | passed | not passed |", "|---|---|---|"]
     md += [f"| `{k}` | {v['passed']} | {v['not_passed']} |" for k, v in tests.items()]
     (args.out / "report.md").write_text("\n".join(md) + "\n")
     print(f"stress: {doc['failures']} failures in {args.repeat} runs of {len(tests)} tests; "

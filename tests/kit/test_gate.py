@@ -27,6 +27,7 @@ def test_value_is_known():
     {guard}
 '''
 KIT_TEST = "suites/tiny/test_tiny_kit.py"  # node ids are relative to the parent of --suites
+UPSTREAM_ID = "upstream/tiny/tests/test_fixed.py"  # upstream tests: upstream/<name>/ + their id in its tree
 GOOD = {"expected": "2", "guard": "assert tiny.VALUE in (1, 2)"}
 
 
@@ -63,17 +64,17 @@ def test_good_series_passes_and_is_left_applied(kit, monkeypatch, capsys):
     code, report, out = run_gate(kit, monkeypatch, capsys, GOOD)
     assert code == 0, out
     tiny = report["upstreams"]["tiny"]
-    assert tiny["FAIL_TO_PASS"] == [f"{KIT_TEST}::test_value_is_fixed", "tests/test_fixed.py::test_value_is_two"]
+    assert tiny["FAIL_TO_PASS"] == [f"{KIT_TEST}::test_value_is_fixed", f"{UPSTREAM_ID}::test_value_is_two"]
     assert tiny["PASS_TO_PASS"] == [f"{KIT_TEST}::test_value_is_known"]
-    assert tiny["tests"]["tests/test_fixed.py::test_value_is_two"] == {
+    assert tiny["tests"][f"{UPSTREAM_ID}::test_value_is_two"] == {
         "contract": "FAIL_TO_PASS", "before": "failed", "after": "passed", "ok": True}
     assert (kit.repo / "tiny" / "__init__.py").read_text() == "VALUE = 2\n"
-    assert "| `tests/test_fixed.py::test_value_is_two` | FAIL_TO_PASS | failed | passed | yes |" in (
+    assert f"| `{UPSTREAM_ID}::test_value_is_two` | FAIL_TO_PASS | failed | passed | yes |" in (
         kit.root / "out" / "report.md").read_text()
 
 
 @pytest.mark.parametrize("fix, suite, violation", [
-    (False, GOOD, "tests/test_fixed.py::test_value_is_two: FAIL_TO_PASS test failed after the series"),
+    (False, GOOD, f"{UPSTREAM_ID}::test_value_is_two: FAIL_TO_PASS test failed after the series"),
     (False, GOOD, f"{KIT_TEST}::test_value_is_fixed: FAIL_TO_PASS test failed after the series"),
     (True, {**GOOD, "expected": "tiny.VALUE"},
      f"{KIT_TEST}::test_value_is_fixed: FAIL_TO_PASS test passed before the series"),

@@ -103,3 +103,17 @@ def test_patch_that_does_not_apply_is_aborted_on_the_base(kit):
     assert not (kit.repo / ".git" / "rebase-apply").exists(), "git am was aborted"
     assert rev(kit.repo) == rev(kit.repo, "base/1.0")
     assert git(kit.repo, "status", "--porcelain").stdout == ""
+
+
+def test_exported_commits_are_kept_when_patches_go_back(kit):
+    """`make export`, then `git checkout patches/` in the kit: the checkout's commits are no longer in patches/."""
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    assert kit.run("export")[0] == 0
+    mine = rev(kit.repo)
+    for patch in kit.patches.glob("*.patch"):
+        patch.unlink()
+    for command in ("apply", "unapply"):
+        code, err = kit.run(command)
+        assert code == 1 and "not in" in err and "DISCARD=1" in err
+        assert rev(kit.repo) == mine
