@@ -66,12 +66,22 @@ def uncommitted(repo: Path) -> list[str]:
     return git(repo, "status", "--porcelain").stdout.splitlines()
 
 
+# Files git keeps while an operation is under way in a repository (``git am`` stopped, a rebase or merge).
+IN_PROGRESS = {"rebase-apply": "git am or rebase", "rebase-merge": "rebase", "MERGE_HEAD": "merge",
+               "CHERRY_PICK_HEAD": "cherry-pick", "REVERT_HEAD": "revert"}
+
+
 def refuse_if_dirty(repo: Path, doing: str) -> None:
-    """Raise KitError, touching nothing, when ``repo`` holds uncommitted edits or untracked files."""
+    """Raise KitError, touching nothing, when ``repo`` holds uncommitted edits, untracked files, or an
+    unfinished ``git am`` / rebase / merge / cherry-pick / revert."""
+    for name, operation in IN_PROGRESS.items():
+        if (repo / ".git" / name).exists():
+            raise KitError(f"{repo} has a {operation} in progress: finish it or abort it (e.g. `git am --abort`) "
+                           f"before {doing}; nothing was changed")
     dirty = uncommitted(repo)
     if dirty:
-        raise KitError(f"{repo} has uncommitted changes ({len(dirty)} paths, e.g. '{dirty[0][3:]}'): commit or "
-                       f"stash them before {doing}; nothing was changed")
+        raise KitError(f"{repo} has uncommitted changes ({len(dirty)} paths, e.g. '{dirty[0][3:]}'): commit them "
+                       f"or move them away (`git stash --include-untracked`) before {doing}; nothing was changed")
 
 
 def ensure_repo(repo: Path) -> None:

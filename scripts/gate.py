@@ -185,18 +185,26 @@ def judge(up: Upstream) -> tuple[dict, list[str]]:
         rows[key] = {"contract": contract, "before": b.outcome if b else "missing",
                      "after": a.outcome if a else "missing", "ok": not problems}
         violations += [f"{up.pin.name} {key}: {p}" for p in problems]
+    # A gate without FAIL_TO_PASS tests cannot tell the fix from the base.
+    if not any(r["contract"] == "FAIL_TO_PASS" for k, r in rows.items() if not k.startswith("upstream/")):
+        violations.append(f"{up.pin.name}: no FAIL_TO_PASS test in the kit's suite (no test marked `regression` ran)")
+    if up.upstream_tests and not up.fail_to_pass:
+        violations.append(f"{up.pin.name}: no FAIL_TO_PASS upstream test declared in [{up.pin.name}.gate]")
     return rows, violations
 
 
-def prepare_before(up: Upstream) -> None:
-    """Check out ``base`` + only the series' hunks under ``test_paths``, committed on ``gate/before/<version>``.
+def refuse_if_not_ready(up: Upstream) -> None:
+    """Raise KitError, changing nothing, unless the checkout holds its base and no work of the user's that
+    switching it could lose (uncommitted changes, unfinished git operations, unexported commits)."""
+    series.require_base(up.repo, up.pin.version)
+    checkout.refuse_if_dirty(up.repo, "running the gate")
+    if not series.matches(up.repo, f"base/{up.pin.version}", up.patch_dir):
+        series.refuse_if_unexported(up.repo, up.pin.version, up.patch_dir, "running the gate")
 
-    Refuses (KitError) a checkout with uncommitted changes or unexported commits, as ``make apply`` does.
-    """
+
+def prepare_before(up: Upstream) -> None:
+    """Check out ``base`` + only the series' hunks under ``test_paths``, committed on ``gate/before/<version>``."""
     repo, version = up.repo, up.pin.version
-    checkout.refuse_if_dirty(repo, "running the gate")
-    if not series.matches(repo, f"base/{version}", up.patch_dir):
-        series.refuse_if_unexported(repo, up.patch_dir, "running the gate")
     git(repo, "checkout", "--quiet", "-B", f"gate/before/{version}", f"base/{version}")
     includes = [f"--include={path.rstrip('/')}/*" for path in up.pin.test_paths]
     for patch in series.patch_files(up.patch_dir):
@@ -205,6 +213,13 @@ def prepare_before(up: Upstream) -> None:
     if git(repo, "diff", "--cached", "--quiet", check=False).returncode != 0:
         git(repo, "commit", "--quiet", "--message", "gate: the test hunks of the series", env=checkout.BASE_ENV)
     git(repo, "update-ref", GATE_REF, "HEAD")
+
+
+def restore(up: Upstream) -> None:
+    """Put a checkout the gate left on ``gate/before/<version>`` (error, Ctrl-C) back on the series."""
+    on = git(up.repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
+    if on == f"gate/before/{up.pin.version}" and not checkout.uncommitted(up.repo):
+        print(series.apply(up.repo, up.pin.version, up.patch_dir), file=sys.stderr)
 
 
 def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
@@ -268,15 +283,22 @@ def main(argv: list[str] | None = None) -> int:
     """Run both stages, judge, report; return 0 with no violation, 1 otherwise (or on KitError)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
+    ups = []
     try:
         ups = load_upstreams(args)
+        for up in ups:
+            refuse_if_not_ready(up)
         args.out.mkdir(parents=True, exist_ok=True)
-        for up in ups:
-            prepare_before(up)
-        run_stage("before", ups, args.suites, args.out, sys.executable, args.jobs)
-        for up in ups:
-            print(series.apply(up.repo, up.pin.version, up.patch_dir))
-        run_stage("after", ups, args.suites, args.out, sys.executable, args.jobs)
+        try:
+            for up in ups:
+                prepare_before(up)
+            run_stage("before", ups, args.suites, args.out, sys.executable, args.jobs)
+            for up in ups:
+                print(series.apply(up.repo, up.pin.version, up.patch_dir))
+            run_stage("after", ups, args.suites, args.out, sys.executable, args.jobs)
+        finally:
+            for up in ups:
+                restore(up)
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

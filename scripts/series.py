@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import KitError
-from scripts.checkout import git, refuse_if_dirty, rev
+from scripts.checkout import git, has_ref, refuse_if_dirty, rev
 
 APPLIED_REF = "refs/kit/applied"
 COMMITTER_ENV = {"GIT_COMMITTER_NAME": "upstream kit", "GIT_COMMITTER_EMAIL": "kit@upstream.invalid"}
@@ -42,42 +42,63 @@ def branch(version: str) -> str:
     return f"series/{version}"
 
 
-def _exported(repo: Path, base: str) -> dict[str, bytes]:
-    """Return {file name: bytes} of what ``git format-patch`` makes of ``base..HEAD``."""
+def _exported(repo: Path, base: str, tip: str = "HEAD") -> dict[str, bytes]:
+    """Return {file name: bytes} of what ``git format-patch`` makes of ``base..tip``."""
     with tempfile.TemporaryDirectory(prefix="kit-export-") as tmp:
-        git(repo, *FORMAT_PATCH, "-o", tmp, f"{base}..HEAD")
+        git(repo, *FORMAT_PATCH, "-o", tmp, f"{base}..{tip}")
         return {p.name: p.read_bytes() for p in sorted(Path(tmp).glob("*.patch"))}
 
 
-def matches(repo: Path, base: str, patch_dir: Path) -> bool:
-    """True when HEAD is on ``base`` and exporting ``base..HEAD`` gives exactly the files of ``patch_dir``."""
-    if git(repo, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
+def matches(repo: Path, base: str, patch_dir: Path, tip: str = "HEAD") -> bool:
+    """True when ``tip`` is on ``base`` and exporting ``base..tip`` gives exactly the files of ``patch_dir``."""
+    if git(repo, "merge-base", "--is-ancestor", base, tip, check=False).returncode != 0:
         return False
-    return _exported(repo, base) == {p.name: p.read_bytes() for p in patch_files(patch_dir)}
+    return _exported(repo, base, tip) == {p.name: p.read_bytes() for p in patch_files(patch_dir)}
 
 
-def refuse_if_unexported(repo: Path, patch_dir: Path, doing: str) -> None:
-    """Raise KitError when HEAD is a commit of the user's: not a base, not one the kit made (``refs/kit/*``)."""
-    head = rev(repo)
-    if git(repo, "for-each-ref", "--points-at", head, "refs/tags/base/", "refs/kit/").stdout:
-        return
-    raise KitError(f"{repo} has commits that are not in {patch_dir} (HEAD {head[:12]}): run `make export` to "
-                   f"keep them, or `make unapply DISCARD=1` to drop them, before {doing}")
+def require_base(repo: Path, version: str) -> str:
+    """Return ``base/<version>``; raise KitError when the checkout does not hold that base yet."""
+    base = f"base/{version}"
+    if not has_ref(repo, base):
+        raise KitError(f"{repo} holds no {base} yet: run `make apply {repo.name.upper()}_VERSION={version}` first")
+    return base
+
+
+def refuse_if_unexported(repo: Path, version: str, patch_dir: Path, doing: str) -> None:
+    """Raise KitError when HEAD or the branch ``series/<version>`` holds commits of the user's.
+
+    A commit is the kit's own when a base tag or a ``refs/kit/*`` ref points at it; the user's commits are
+    safe to replace only while exporting them gives exactly the files of ``patch_dir``.
+    """
+    base = f"base/{version}"
+    tips = ["HEAD"] + ([f"refs/heads/{branch(version)}"] if has_ref(repo, f"refs/heads/{branch(version)}") else [])
+    for tip in tips:
+        commit = rev(repo, tip)
+        if git(repo, "for-each-ref", "--points-at", commit, "refs/tags/base/", "refs/kit/").stdout:
+            continue
+        if not matches(repo, base, patch_dir, commit):
+            where = "HEAD" if tip == "HEAD" else branch(version)
+            raise KitError(f"{where} of {repo} ({commit[:12]}) holds commits that {patch_dir} does not: run `make "
+                           f"export` to keep them, or `make unapply DISCARD=1` to drop them, before {doing}")
 
 
 def apply(repo: Path, version: str, patch_dir: Path) -> str:
     """Check out ``series/<version>`` = ``base/<version>`` + every patch of ``patch_dir``; return a summary.
 
-    A no-op when HEAD already carries exactly that series. Raises KitError, changing nothing, when the
+    A no-op when HEAD already carries exactly that series (but for putting the branch there). Raises KitError, changing nothing, when the
     checkout has uncommitted changes or unexported commits; when a patch does not apply, aborts ``git am``,
     leaves the checkout on the base and names the patch and the file.
     """
     base = f"base/{version}"
     refuse_if_dirty(repo, "applying the series")
     patches = patch_files(patch_dir)
+    on = git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
     if matches(repo, base, patch_dir):
+        if on != branch(version):  # e.g. a new checkout, detached at its base, and an empty series
+            refuse_if_unexported(repo, version, patch_dir, "applying the series")
+            git(repo, "checkout", "--quiet", "-B", branch(version))
         return f"{repo.name}: series already applied on {base} ({count(patches)}, HEAD {rev(repo)[:12]})"
-    refuse_if_unexported(repo, patch_dir, "applying the series")
+    refuse_if_unexported(repo, version, patch_dir, "applying the series")
     git(repo, "checkout", "--quiet", "-B", branch(version), base)
     if patches:
         result = git(repo, "am", "--quiet", "--3way", "--committer-date-is-author-date",
@@ -113,14 +134,26 @@ def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) ->
     """Leave ``repo`` detached at ``base/<version>``; return a summary.
 
     Raises KitError, changing nothing, when the checkout has uncommitted changes, or, unless ``discard``,
-    commits that are not exported to ``patch_dir``.
+    commits that are not exported to ``patch_dir``. With ``discard`` the branch ``series/<version>`` is reset
+    to the base too, so such commits are dropped.
     """
-    base = f"base/{version}"
+    base = require_base(repo, version)
     refuse_if_dirty(repo, "unapplying")
-    if not discard and not matches(repo, base, patch_dir):
-        refuse_if_unexported(repo, patch_dir, "unapplying")
+    if discard:
+        git(repo, "checkout", "--quiet", "--detach", base)
+        git(repo, "branch", "--force", branch(version), base)
+        return f"{repo.name}: at {base} ({rev(repo)[:12]}); commits above it dropped (git reflog still has them)"
+    refuse_if_unexported(repo, version, patch_dir, "unapplying")
     git(repo, "checkout", "--quiet", "--detach", base)
     return f"{repo.name}: at {base} ({rev(repo)[:12]}), series not applied"
+
+
+def refuse_if_off_series(repo: Path, version: str, doing: str) -> None:
+    """Raise KitError unless HEAD is the branch ``series/<version>`` (where the kit and the user keep the series)."""
+    on = git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
+    if on != branch(version):
+        raise KitError(f"{repo} is on {on or 'a detached HEAD'}, not {branch(version)}: run `make apply` (and make "
+                       f"your commits there) before {doing}")
 
 
 def resign(repo: Path, version: str) -> str:
@@ -130,8 +163,9 @@ def resign(repo: Path, version: str) -> str:
     identity is git's ``user.name`` / ``user.email``. Returns the identity. Raises KitError when git has no
     identity or the history above the base is not linear (``git format-patch`` could not export it anyway).
     """
-    base = f"base/{version}"
+    base = require_base(repo, version)
     refuse_if_dirty(repo, "re-signing (commit them with `git commit -s`)")
+    refuse_if_off_series(repo, version, "re-signing")
     name = git(repo, "config", "user.name", check=False).stdout.strip()
     email = git(repo, "config", "user.email", check=False).stdout.strip()
     if not (name and email):
@@ -157,12 +191,14 @@ def export(repo: Path, version: str, patch_dir: Path) -> str:
     """Write ``base/<version>..HEAD`` as ``git format-patch`` files into ``patch_dir``; return a summary.
 
     Old ``*.patch`` files there are replaced. Raises KitError when the checkout has uncommitted changes
-    (commit them first) or HEAD does not descend from the base.
+    (commit them first), is not on the branch ``series/<version>`` (so a checkout left on its base or on the
+    gate's ``gate/before/<version>`` never overwrites the series) or that branch does not descend from the base.
     """
-    base = f"base/{version}"
+    base = require_base(repo, version)
     refuse_if_dirty(repo, "exporting (commit them with `git commit -s`)")
+    refuse_if_off_series(repo, version, "exporting")
     if git(repo, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
-        raise KitError(f"HEAD of {repo} does not descend from {base}: check out {branch(version)} first")
+        raise KitError(f"{branch(version)} of {repo} does not descend from {base}: rebase it onto {base} first")
     files = _exported(repo, base)
     patch_dir.mkdir(parents=True, exist_ok=True)
     for old in patch_files(patch_dir):

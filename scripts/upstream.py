@@ -78,9 +78,9 @@ def install(pin: sources.Pin, repo: Path, table: dict, pip_options: list[str]) -
     env = {**os.environ, **table.get("install_env", {})}
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     if result.returncode != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip()]
-        last = lines[-1] if lines else "no message"
-        raise KitError(f"pip could not install {repo} ({last}): run `{shlex.join(command)}` to see why")
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        errors = [line for line in lines if line.lower().startswith("error:")] or lines[-1:] or ["no message"]
+        raise KitError(f"pip could not install {repo} ({errors[0]}): run `{shlex.join(command)}` to see why")
     for path in table.get("install_restores", []):
         checkout.git(repo, "checkout", "--quiet", "--", path)
     return f"{pin.name}: installed editable from {repo}"

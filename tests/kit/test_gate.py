@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from scripts import gate
+from scripts import KitError, gate
 from scripts.checkout import git
 
 UPSTREAM_TEST = "def test_value_is_two():\n    import tiny\n\n    assert tiny.VALUE == 2\n"
@@ -18,7 +18,7 @@ KIT_SUITE = '''import pytest
 import tiny
 
 
-@pytest.mark.regression("tiny", 1)
+{marker}
 def test_value_is_fixed():
     assert tiny.VALUE == {expected}
 
@@ -44,19 +44,22 @@ def make_series(kit, fix: bool) -> None:
     assert kit.run("unapply")[0] == 0
 
 
-def run_gate(kit, monkeypatch, capsys, suite: dict) -> tuple[int, dict, str]:
-    """Run the gate on the tiny kit with the kit suite ``suite``; return (exit code, report.json, stdout)."""
+def run_gate(kit, monkeypatch, capsys, suite: dict, marker: str = '@pytest.mark.regression("tiny", 1)',
+             report: bool = True) -> tuple[int, dict, str]:
+    """Run the gate on the tiny kit with the kit suite ``suite`` (its regression test marked with ``marker``);
+    return (exit code, report.json or {} when ``report`` is False, stdout)."""
     (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() +
                                            '[tiny.gate]\nupstream_tests = ["tests/test_fixed.py"]\n'
                                            'fail_to_pass = ["tests/test_fixed.py::test_value_is_two"]\n')
     (kit.root / "suites" / "tiny").mkdir(parents=True)
-    (kit.root / "suites" / "tiny" / "test_tiny_kit.py").write_text(KIT_SUITE.format(**suite))
+    (kit.root / "suites" / "tiny" / "test_tiny_kit.py").write_text(KIT_SUITE.format(marker=marker, **suite))
     monkeypatch.setenv("PYTHONPATH", str(kit.repo))
     capsys.readouterr()
     code = gate.main([f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
                       f"--patches={kit.root / 'patches'}", f"--suites={kit.root / 'suites'}",
                       f"--out={kit.root / 'out'}", "--jobs=0"])
-    return code, json.loads((kit.root / "out" / "report.json").read_text()), capsys.readouterr().out
+    document = json.loads((kit.root / "out" / "report.json").read_text()) if report else {}
+    return code, document, capsys.readouterr().out
 
 
 def test_good_series_passes_and_is_left_applied(kit, monkeypatch, capsys):
@@ -106,3 +109,25 @@ def test_sabotaged_series_is_rejected(kit, monkeypatch, capsys, fix, suite, viol
 ])
 def test_only_assertions_count_as_reproducing_failures(message, expected):
     assert gate.is_assertion(message) is expected
+
+
+def test_gate_without_regression_tests_fails(kit, monkeypatch, capsys):
+    make_series(kit, fix=True)
+    suite = {"expected": "2", "guard": "assert tiny.VALUE in (1, 2)"}
+    code, report, out = run_gate(kit, monkeypatch, capsys, suite, marker="")
+    assert code == 1
+    assert "tiny: no FAIL_TO_PASS test in the kit's suite (no test marked `regression` ran)" in out
+
+
+def test_gate_stopped_by_an_error_puts_the_series_back(kit, monkeypatch, capsys):
+    make_series(kit, fix=True)
+    assert kit.run("apply")[0] == 0
+    applied = git(kit.repo, "rev-parse", "HEAD").stdout
+    def stop(path):
+        raise KitError(f"{path}: stopped by the test")
+
+    monkeypatch.setattr(gate, "read_junit", stop)
+    code, _, _ = run_gate(kit, monkeypatch, capsys, GOOD, report=False)
+    assert code == 1
+    assert git(kit.repo, "symbolic-ref", "--short", "HEAD").stdout.strip() == "series/1.0"
+    assert git(kit.repo, "rev-parse", "HEAD").stdout == applied

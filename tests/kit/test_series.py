@@ -84,7 +84,7 @@ def test_unexported_commits_are_refused_unless_discarded(kit):
     mine = rev(kit.repo)
     for command in ("apply", "unapply"):
         code, err = kit.run(command)
-        assert code == 1 and "not in" in err and "make export" in err
+        assert code == 1 and "holds commits that" in err and "make export" in err
         assert rev(kit.repo) == mine
     assert kit.run("unapply", "--discard")[0] == 0
     assert rev(kit.repo) == rev(kit.repo, "base/1.0")
@@ -94,6 +94,8 @@ def test_patch_that_does_not_apply_is_aborted_on_the_base(kit):
     assert kit.run("apply")[0] == 0
     commit_fix(kit)
     assert kit.run("export")[0] == 0
+    assert kit.run("unapply")[0] == 0
+    assert kit.run("apply")[0] == 0, "the kit's own git am now makes series/1.0"
     assert kit.run("unapply")[0] == 0
     patch = next(kit.patches.glob("*.patch"))
     patch.write_text(patch.read_text().replace("-VALUE = 1", "-VALUE = 7").replace("index ", "index-x "))
@@ -115,5 +117,48 @@ def test_exported_commits_are_kept_when_patches_go_back(kit):
         patch.unlink()
     for command in ("apply", "unapply"):
         code, err = kit.run(command)
-        assert code == 1 and "not in" in err and "DISCARD=1" in err
+        assert code == 1 and "holds commits that" in err and "DISCARD=1" in err
         assert rev(kit.repo) == mine
+
+
+def test_unexported_commits_on_the_series_branch_are_refused_while_detached(kit):
+    """HEAD on the base, but series/1.0 holds a commit of the user's: apply must not reset that branch."""
+    assert kit.run("apply")[0] == 0
+    git(kit.repo, "checkout", "--quiet", "-B", "series/1.0")
+    commit_fix(kit)
+    mine = rev(kit.repo)
+    git(kit.repo, "checkout", "--quiet", "--detach", "base/1.0")
+    code, err = kit.run("apply")
+    assert code == 1 and "series/1.0" in err and "DISCARD=1" in err
+    assert rev(kit.repo, "series/1.0") == mine
+    assert kit.run("unapply", "--discard")[0] == 0
+    assert kit.run("apply")[0] == 0 and rev(kit.repo) == rev(kit.repo, "base/1.0")
+
+
+def test_export_off_the_series_branch_is_refused_and_keeps_the_patches(kit):
+    assert kit.run("apply")[0] == 0
+    commit_fix(kit)
+    assert kit.run("export")[0] == 0
+    before = exported(kit)
+    assert kit.run("unapply")[0] == 0
+    code, err = kit.run("export")
+    assert code == 1 and "not series/1.0" in err
+    assert exported(kit) == before
+
+
+def test_unfinished_git_am_is_refused_and_left_alone(kit):
+    assert kit.run("apply")[0] == 0
+    (kit.repo / ".git" / "rebase-apply").mkdir()
+    for command in ("apply", "unapply", "export"):
+        code, err = kit.run(command)
+        assert code == 1 and "git am or rebase in progress" in err
+    assert (kit.repo / ".git" / "rebase-apply").is_dir()
+
+
+def test_commands_on_a_version_without_base_say_what_to_do(kit):
+    assert kit.run("apply")[0] == 0
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() +
+                                           '[tiny.releases."2.0"]\nsdist = "tiny-2.0.tar.gz"\nsha256 = "00"\n')
+    for command in ("unapply", "export"):
+        code, err = kit.run(command, "--version=tiny=2.0")
+        assert code == 1 and "holds no base/2.0 yet: run `make apply TINY_VERSION=2.0` first" in err
