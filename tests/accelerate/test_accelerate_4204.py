@@ -56,6 +56,21 @@ def _kill_tree(proc):
     proc.wait()
 
 
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """While the launch runs, SIGTERM to pytest acts as Ctrl-C: ``_kill_tree`` still runs (the launch is in a session
+    of its own, so a signal to pytest's process group does not reach it) and pytest stops."""
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _launch(out_dir):
     """Run all scenarios in one launch; return what the tests need to explain a missing result."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -64,7 +79,7 @@ def _launch(out_dir):
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER)]
     start = time.monotonic()
-    with open(log_path, "wb") as log:
+    with open(log_path, "wb") as log, _sigterm_as_interrupt():
         proc = subprocess.Popen(
             [*cmd, str(out_dir)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir, start_new_session=True
         )
