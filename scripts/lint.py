@@ -22,6 +22,15 @@ from scripts import KitError, series, sources
 from scripts.checkout import git
 
 SUBJECT_MAX = 72
+# The identity the kit's own series is signed with; whoever opens the pull request re-signs it as themselves.
+PLACEHOLDER_SIGNOFF = "Signed-off-by: Contribution Kit <contribution-kit@users.noreply.github.com>"
+
+
+def placeholder_notes(patch_dir: Path) -> list[str]:
+    """Return a note for each patch of ``patch_dir`` still signed off by the kit's placeholder identity."""
+    return [f"note: {p.name} is signed off by the kit's placeholder identity: run `make export RESIGN=1` to sign "
+            f"it as yourself before you open the pull request" for p in series.patch_files(patch_dir)
+            if PLACEHOLDER_SIGNOFF in p.read_text(errors="replace")]
 
 
 def message_problems(patch: Path) -> list[str]:
@@ -107,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             pin = sources.pin(name, chosen.get(name), args.sources)
             found = lint_upstream(pin, table[name], args.checkouts / name, args.patches / name, args.tools)
             print(f"lint {name} {pin.version}: {len(found)} problems")
+            for note in placeholder_notes(args.patches / name):
+                print(f"  {note}")
             problems += found
         if not args.only:
             result = subprocess.run([str(args.tools / "bin" / "ruff"), "check", "--quiet", "scripts", "tests"],

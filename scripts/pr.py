@@ -11,6 +11,7 @@ import sys
 
 from scripts import KitError, sources
 from scripts.checkout import rev
+from scripts.lint import placeholder_notes
 
 DOCS = sources.KIT_ROOT / "docs" / "pr"
 REPORT = sources.KIT_ROOT / "build" / "gate" / "report.json"
@@ -63,6 +64,8 @@ def main() -> int:
                 "{reproduce}", reproduce_section(name, entry, table[name].get("gate", {}).get("upstream_tests", [])))
             (OUT / f"{name}.md").write_text(body)
             print(f"pr: wrote {OUT / f'{name}.md'}")
+            for note in placeholder_notes(sources.KIT_ROOT / "patches" / name):
+                print(f"  {note}")
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

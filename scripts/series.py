@@ -85,9 +85,9 @@ def refuse_if_unexported(repo: Path, version: str, patch_dir: Path, doing: str) 
 def apply(repo: Path, version: str, patch_dir: Path) -> str:
     """Check out ``series/<version>`` = ``base/<version>`` + every patch of ``patch_dir``; return a summary.
 
-    A no-op when HEAD already carries exactly that series (but for putting the branch there). Raises KitError, changing nothing, when the
-    checkout has uncommitted changes or unexported commits; when a patch does not apply, aborts ``git am``,
-    leaves the checkout on the base and names the patch and the file.
+    A no-op when HEAD already carries exactly that series (but for putting the branch there). Raises KitError,
+    changing nothing, when the checkout has uncommitted changes or unexported commits; when a patch does not
+    apply, aborts ``git am``, leaves the checkout on the base and names the patch and the file.
     """
     base = f"base/{version}"
     refuse_if_dirty(repo, "applying the series")
