@@ -101,7 +101,7 @@ def apply(repo: Path, version: str, patch_dir: Path) -> str:
     refuse_if_unexported(repo, version, patch_dir, "applying the series")
     git(repo, "checkout", "--quiet", "-B", branch(version), base)
     if patches:
-        result = git(repo, "am", "--quiet", "--3way", "--committer-date-is-author-date",
+        result = git(repo, "am", "--3way", "--committer-date-is-author-date",
                      *map(str, patches), env=COMMITTER_ENV, check=False)
         if result.returncode != 0:
             git(repo, "am", "--abort", check=False)
