@@ -11,6 +11,10 @@ DEEPSPEED_VERSION ?=
 ACCELERATE_VERSION ?=
 # pytest-xdist workers and extra pytest arguments for `make test`.
 JOBS ?= auto
+# pytest-xdist workers of the gate's kit-suite runs: none by default, as two worker interpreters importing torch
+# cost more than they save there (`make bench BENCH_ARGS=--profile-gate`: tests/accelerate 18.2 s with -n auto,
+# 15.3 s with -n 0).
+GATE_JOBS ?= 0
 PYTEST_ARGS ?=
 # How many times `make stress` runs the 2-process suite.
 REPEAT ?= 10
@@ -27,6 +31,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kit-venv
 TOOLS := .tools
 TOOLS_STAMP := $(TOOLS)/.kit-tools
+NEED_VENV = test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
 UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
@@ -38,7 +43,7 @@ help: ## list the targets and variables
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
 	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
-	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N"
+	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N GATE_JOBS BENCH_ARGS"
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
@@ -78,19 +83,20 @@ export: check-python ## regenerate patches/<name>/ from the commits on the base 
 	@$(call UPSTREAM,$(PYTHON),export) $(if $(RESIGN),--resign)
 
 test: $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
-	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
+	@$(NEED_VENV)
 	$(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 
 gate: ## FAIL_TO_PASS / PASS_TO_PASS check: base + test hunks, then the series; report in build/gate/
-	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
+	@$(NEED_VENV)
 	@$(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
-	  --jobs $(JOBS)
+	  --jobs $(GATE_JOBS)
 
 stress: ## run tests/accelerate REPEAT times on the checkouts as they are; failures per test in build/stress/
+	@$(NEED_VENV)
 	@$(PY) -m scripts.stress --repeat $(REPEAT) --jobs $(JOBS)
 
 bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate vs its floor; build/bench/report.md
-	@test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
+	@$(NEED_VENV)
 	@$(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
 	  --version accelerate=$(ACCELERATE_VERSION) --jobs $(JOBS) $(BENCH_ARGS)
 

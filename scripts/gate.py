@@ -275,7 +275,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
     parser.add_argument("--suites", type=Path, default=sources.KIT_ROOT / "tests", help="holds tests/<name>/")
     parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "gate")
-    parser.add_argument("--jobs", default="auto", help="pytest-xdist workers for the kit's suite ('0': none)")
+    parser.add_argument("--jobs", default="0", help="pytest-xdist workers for the kit's suite ('0': none)")
     return parser.parse_args(argv)
 
 
