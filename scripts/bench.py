@@ -736,7 +736,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "bench")
     args = parser.parse_args(argv)
-    args.versions = {n: v for n, _, v in (p.partition("=") for p in args.version) if v}
+    args.versions = sources.versions(args.version)
     args.patched_from = {n: Path(d) for n, _, d in (p.partition("=") for p in args.patched_from)}
     args.parts = set(args.only or ("accelerate", "deepspeed", "gate")) | ({"profile"} if args.profile_gate else set())
     if args.cold_apply:

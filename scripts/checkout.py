@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from scripts import KitError, sdist
+from scripts import KitError, last_line, sdist
 from scripts.sources import Pin
 
 # Identity and date of every base commit: fixed so that the commit id depends on the tree alone.
@@ -41,8 +41,8 @@ def git(repo: Path, *args: str, env: dict | None = None, check: bool = True, inp
     result = subprocess.run(["git", "-C", str(repo), *PORTABLE, *args], capture_output=True, text=True,
                             env={**os.environ, **(env or {})}, input=input)
     if check and result.returncode != 0:
-        lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
-        raise KitError(f"git {args[0]} failed in {repo}: {lines[-1] if lines else 'exit ' + str(result.returncode)}")
+        reason = last_line(result.stderr or result.stdout) or f"exit {result.returncode}"
+        raise KitError(f"git {args[0]} failed in {repo}: {reason}")
     return result
 
 
@@ -59,6 +59,11 @@ def has_ref(repo: Path, ref: str) -> bool:
 def rev(repo: Path, ref: str = "HEAD") -> str:
     """Return the full commit id of ``ref`` in ``repo``; raise KitError if it names no commit."""
     return git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}").stdout.strip()
+
+
+def current_branch(repo: Path) -> str:
+    """Return the short name of the branch HEAD is on, or '' for a detached HEAD."""
+    return git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
 
 
 def uncommitted(repo: Path) -> list[str]:
@@ -120,9 +125,8 @@ def fetch_tag(pin: Pin, repo: Path) -> None:
     refspec = f"+refs/tags/{pin.tag}:refs/tags/{base_tag(pin.version)}"
     result = git(repo, "fetch", "--quiet", "--depth=1", "--no-tags", pin.git, refspec, check=False)
     if result.returncode != 0:
-        lines = [line for line in result.stderr.splitlines() if line.strip()] or ["no message"]
-        raise KitError(f"cannot fetch tag {pin.tag} of {pin.name} from {pin.git} ({lines[-1]}): check the network "
-                       f"and the pin, or use the sdist source (SOURCE=sdist)")
+        raise KitError(f"cannot fetch tag {pin.tag} of {pin.name} from {pin.git} ({last_line(result.stderr)}): check "
+                       f"the network and the pin, or use the sdist source (SOURCE=sdist)")
 
 
 def make_base(pin: Pin, repo: Path, cache_dir: Path, pip_options: list[str] = (), source: str = "sdist") -> str:

@@ -53,12 +53,7 @@ class Upstream:
     fail_to_pass: list[str]
     results: dict = field(default_factory=lambda: {stage: {} for stage in STAGES})
     stages: dict = field(default_factory=dict)
-    root: Path | None = None
-
-    def prefix(self, root: Path | None = None) -> str:
-        """The node-id prefix of this upstream's own tests: its checkout relative to the kit's root."""
-        self.root = root or self.root
-        return f"{os.path.relpath(self.repo, self.root)}/"
+    prefix: str = ""  # node-id prefix of its upstream tests: the checkout relative to the kit's root
 
 
 def node_id(case: ET.Element) -> str:
@@ -127,7 +122,7 @@ def run_stage(stage: str, ups: list[Upstream], suites: Path, out: Path, python: 
     results = read_junit(xml)
     wall_s = round(time.monotonic() - started, 1)
     for up in ups:
-        prefixes = (f"{os.path.relpath(suites / up.pin.name, root)}/", up.prefix(root))
+        prefixes = (f"{os.path.relpath(suites.resolve() / up.pin.name, root)}/", up.prefix)
         mine = {key: result for key, result in results.items() if key.startswith(prefixes)}
         up.results[stage].update(mine)
         outcomes = Counter(result.outcome for result in mine.values())
@@ -184,7 +179,7 @@ def problems_of(contract: str, b: Result | None, a: Result | None) -> list[str]:
 def judge(up: Upstream) -> tuple[dict, list[str]]:
     """Return ({node id: row}, violations) of one upstream; a row holds the contract and both outcomes."""
     before, after = up.results["before"], up.results["after"]
-    declared = {up.prefix() + key for key in up.fail_to_pass}
+    declared = {up.prefix + key for key in up.fail_to_pass}
     marked = {k for stage in (before, after) for k, r in stage.items() if r.regression}
     rows, violations = {}, []
     for key in sorted(set(before) | set(after) | declared):
@@ -195,7 +190,7 @@ def judge(up: Upstream) -> tuple[dict, list[str]]:
                      "after": a.outcome if a else "missing", "ok": not problems}
         violations += [f"{up.pin.name} {key}: {p}" for p in problems]
     # A gate without FAIL_TO_PASS tests cannot tell the fix from the base.
-    if not any(r["contract"] == "FAIL_TO_PASS" for k, r in rows.items() if not k.startswith(up.prefix())):
+    if not any(r["contract"] == "FAIL_TO_PASS" for k, r in rows.items() if not k.startswith(up.prefix)):
         violations.append(f"{up.pin.name}: no FAIL_TO_PASS test in the kit's suite (no test marked `regression` ran)")
     if up.upstream_tests and not up.fail_to_pass:
         violations.append(f"{up.pin.name}: no FAIL_TO_PASS upstream test declared in [{up.pin.name}.gate]")
@@ -226,7 +221,7 @@ def prepare_before(up: Upstream) -> None:
 
 def restore(up: Upstream) -> None:
     """Put a checkout the gate left on ``gate/before/<version>`` (error, Ctrl-C) back on the series."""
-    on = git(up.repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
+    on = checkout.current_branch(up.repo)
     if on == f"gate/before/{up.pin.version}" and not checkout.uncommitted(up.repo):
         print(series.apply(up.repo, up.pin.version, up.patch_dir), file=sys.stderr)
 
@@ -235,15 +230,16 @@ def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
     """Build the Upstream records of the selected upstreams from the pins file."""
     table = sources.load(args.sources)
     names = [args.only] if args.only else list(table)
-    chosen = {name: version for name, _, version in (v.partition("=") for v in args.version) if version}
+    chosen = sources.versions(args.version)
     ups = []
     for name in names:
         pin = sources.pin(name, chosen.get(name), args.sources)
         gate = table[name].get("gate", {})
         if not (args.checkouts / name / ".git").is_dir():
             raise KitError(f"{args.checkouts / name} does not exist: run `make apply` first")
+        prefix = f"{os.path.relpath((args.checkouts / name).resolve(), args.suites.resolve().parent)}/"
         ups.append(Upstream(pin, args.checkouts / name, args.patches / name, gate.get("upstream_tests", []),
-                            gate.get("fail_to_pass", [])))
+                            gate.get("fail_to_pass", []), prefix=prefix))
     return ups
 
 

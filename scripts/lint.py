@@ -14,7 +14,6 @@ import argparse
 import re
 import subprocess
 import sys
-import tempfile
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
@@ -53,19 +52,12 @@ def message_problems(patch: Path) -> list[str]:
 
 
 def whitespace_problems(repo: Path, base: str, patches: list[Path]) -> dict[Path, str]:
-    """Apply ``patches`` in order to ``base`` in a temporary index with whitespace errors fatal.
+    """Apply ``patches`` in order to ``base`` with whitespace errors fatal (series.first_failing).
 
     Returns {patch: git's first error line} for the first patch that fails (later ones are not tried).
     """
-    with tempfile.TemporaryDirectory(prefix="kit-lint-") as tmp:
-        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git(repo, "read-tree", base, env=env)
-        for patch in patches:
-            result = git(repo, "apply", "--cached", "--whitespace=error", str(patch), env=env, check=False)
-            if result.returncode != 0:
-                first = (result.stderr.strip().splitlines() or ["does not apply"])[0]
-                return {patch: first.replace(f"{patch}:", "line ")}
-    return {}
+    failed = series.first_failing(repo, base, patches, "--whitespace=error")
+    return {failed[0]: failed[1].replace(f"{failed[0]}:", "line ")} if failed else {}
 
 
 def touched_python(repo: Path, base: str) -> list[str]:
@@ -108,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
     parser.add_argument("--tools", type=Path, default=sources.KIT_ROOT / ".tools")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    chosen = {name: version for name, _, version in (v.partition("=") for v in args.version) if version}
     problems = []
     try:
+        chosen = sources.versions(args.version)
         table = sources.load(args.sources)
         for name in [args.only] if args.only else list(table):
             pin = sources.pin(name, chosen.get(name), args.sources)

@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from scripts import KitError
+from scripts import KitError, last_line
 from scripts.sources import Pin
 
 
@@ -45,7 +45,7 @@ def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> Path:
         result = subprocess.run(command, capture_output=True, text=True)
         downloaded = Path(tmp) / pin.sdist
         if result.returncode != 0 or not downloaded.exists():
-            reason = _last_line(result.stderr) or f"pip saved no file named {pin.sdist}"
+            reason = last_line(result.stderr) or f"pip saved no file named {pin.sdist}"
             raise KitError(f"cannot download {pin.sdist} ({pin.package}=={pin.version}, sha256 {pin.sha256}) and "
                            f"it is not in {cache_dir}: check the network or pip's index options, or put the "
                            f"file there ({reason})")
@@ -60,11 +60,6 @@ def _verify(archive: Path, pin: Pin) -> None:
         archive.unlink()
         raise KitError(f"{archive.name} has sha256 {actual}, but upstream/sources.toml pins {pin.sha256} for "
                        f"{pin.name} {pin.version}: the archive was deleted; check the pin and run again")
-
-
-def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def _data_filter_no_absolute(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:

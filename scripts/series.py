@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import KitError
-from scripts.checkout import git, has_ref, refuse_if_dirty, rev
+from scripts.checkout import current_branch, git, has_ref, refuse_if_dirty, rev
 
 APPLIED_REF = "refs/kit/applied"
 COMMITTER_ENV = {"GIT_COMMITTER_NAME": "upstream kit", "GIT_COMMITTER_EMAIL": "kit@upstream.invalid"}
@@ -35,6 +35,22 @@ def touches(patch: Path, paths: tuple[str, ...]) -> bool:
 def count(patches) -> str:
     """'1 patch' / 'N patches' for a sized collection of patches."""
     return f"{len(patches)} patch{'' if len(patches) == 1 else 'es'}"
+
+
+def first_failing(repo: Path, base: str, patches: list[Path], *options: str) -> tuple[Path, str] | None:
+    """Apply ``patches`` in order to ``base`` in a temporary index (``git apply --cached`` with ``options``).
+
+    Neither the work tree nor the checkout's index changes. Returns (the first patch that fails, git's first
+    error line), or None when all apply.
+    """
+    with tempfile.TemporaryDirectory(prefix="kit-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(repo, "read-tree", base, env=env)
+        for patch in patches:
+            result = git(repo, "apply", "--cached", *options, str(patch), env=env, check=False)
+            if result.returncode != 0:
+                return patch, (result.stderr.strip().splitlines() or ["does not apply"])[0]
+    return None
 
 
 def branch(version: str) -> str:
@@ -92,7 +108,7 @@ def apply(repo: Path, version: str, patch_dir: Path) -> str:
     base = f"base/{version}"
     refuse_if_dirty(repo, "applying the series")
     patches = patch_files(patch_dir)
-    on = git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
+    on = current_branch(repo)
     if matches(repo, base, patch_dir):
         if on != branch(version):  # e.g. a new checkout, detached at its base, and an empty series
             refuse_if_unexported(repo, version, patch_dir, "applying the series")
@@ -150,7 +166,7 @@ def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) ->
 
 def refuse_if_off_series(repo: Path, version: str, doing: str) -> None:
     """Raise KitError unless HEAD is the branch ``series/<version>`` (where the kit and the user keep the series)."""
-    on = git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
+    on = current_branch(repo)
     if on != branch(version):
         raise KitError(f"{repo} is on {on or 'a detached HEAD'}, not {branch(version)}: run `make apply` (and make "
                        f"your commits there) before {doing}")

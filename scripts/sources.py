@@ -68,6 +68,19 @@ def pin(name: str, version: str | None = None, path: Path = SOURCES_FILE) -> Pin
     )
 
 
+def versions(pairs: list[str]) -> dict[str, str]:
+    """Turn ``--version`` values ``["deepspeed=0.19.6", "accelerate="]`` into
+    ``{"deepspeed": "0.19.6"}`` (empty values dropped); raise KitError for a value without ``=``."""
+    chosen = {}
+    for pair in pairs:
+        name, sep, version = pair.partition("=")
+        if not sep:
+            raise KitError(f"--version takes NAME=VERSION, not '{pair}'")
+        if version:
+            chosen[name] = version
+    return chosen
+
+
 def names(path: Path = SOURCES_FILE) -> list[str]:
     """Return the upstream names declared in ``path``, in file order."""
     return list(load(path))

@@ -45,18 +45,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def versions(pairs: list[str]) -> dict[str, str]:
-    """Turn ``["deepspeed=0.19.6", "accelerate="]`` into ``{"deepspeed": "0.19.6"}`` (empty values dropped)."""
-    chosen = {}
-    for pair in pairs:
-        name, sep, version = pair.partition("=")
-        if not sep:
-            raise KitError(f"--version takes NAME=VERSION, not '{pair}'")
-        if version:
-            chosen[name] = version
-    return chosen
-
-
 def install(pin: sources.Pin, repo: Path, table: dict, pip_options: list[str]) -> str:
     """``pip install -e repo`` into the running Python unless ``pin.package`` is installed from it at ``pin.version``.
 
@@ -89,7 +77,7 @@ def install(pin: sources.Pin, repo: Path, table: dict, pip_options: list[str]) -
 def run(args: argparse.Namespace) -> list[str]:
     """Carry out ``args.command`` for each selected upstream; return one summary line per upstream."""
     pip_options = shlex.split(args.pip_options)
-    chosen = versions(args.version)
+    chosen = sources.versions(args.version)
     names = [args.only] if args.only else sources.names(args.sources)
     lines = []
     for name in names:
