@@ -33,7 +33,6 @@ import platform
 import re
 import shlex
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import KitError, sources
+from scripts import KitError, launch, sources
 from scripts.checkout import git, rev
 from scripts.gate import pytest_command
 
@@ -60,37 +59,6 @@ class BenchError(KitError):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Processes: every launch has a timeout and leaves nothing running.
-
-
-def descendants(pid: int) -> list[int]:
-    """Pids of every live process below ``pid`` (children first), read from /proc; [] when there are none."""
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = Path(entry.path, "stat").read_text()
-                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
-    found, queue = [], [pid]
-    while queue:
-        below = children.get(queue.pop(0), [])
-        found += below
-        queue += below
-    return found
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group of ``proc`` (started with ``start_new_session``) and every process below it.
-
-    ``torch.distributed.run`` starts each rank in a session of its own, so the group alone is not enough; the
-    descendants are collected before anything is killed, while they are still linked to ``proc``.
-    """
-    below = descendants(proc.pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in below:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
 
 
 @dataclass
@@ -130,7 +98,7 @@ def run_limited(command: list[str], log: Path, timeout: float, cwd: Path = sourc
             returncode = None
         finally:
             seconds = time.monotonic() - started
-            kill_tree(proc)
+            launch.kill_tree(proc)
     return Run(returncode, seconds, out, err)
 
 

@@ -18,17 +18,15 @@ and pass on both.
 """
 
 import collections
-import contextlib
 import fcntl
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from scripts import launch
 
 WORKER = Path(__file__).with_name("accelerate_worker.py")
 NUM_SAMPLES = 96  # accelerate_worker.NUM_SAMPLES
@@ -36,60 +34,14 @@ LAUNCH_TIMEOUT = 180  # seconds for the whole launch; a healthy one takes about 
 regression = pytest.mark.regression("accelerate", 4204)
 
 
-def _kill_tree(proc):
-    """Kill the launcher's process group and every process below it.
-
-    ``torch.distributed.run`` starts each rank in a session of its own, so killing our group alone would
-    leave the ranks (and their DataLoader workers) running.
-    """
-    import psutil  # a dependency of accelerate, so present wherever accelerate is
-
-    try:
-        below = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        below = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for child in below:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    proc.wait()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt():
-    """While the launch runs, SIGTERM to pytest acts as Ctrl-C: ``_kill_tree`` still runs (the launch is in a session
-    of its own, so a signal to pytest's process group does not reach it) and pytest stops."""
-
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _launch(out_dir):
     """Run all scenarios in one launch; return what the tests need to explain a missing result."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    log_path = out_dir / "launch.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER)]
-    start = time.monotonic()
-    with open(log_path, "wb") as log, _sigterm_as_interrupt():
-        proc = subprocess.Popen(
-            [*cmd, str(out_dir)], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir, start_new_session=True
-        )
-        try:
-            returncode, timed_out = proc.wait(timeout=LAUNCH_TIMEOUT), False
-        except subprocess.TimeoutExpired:
-            returncode, timed_out = None, True
-        finally:
-            _kill_tree(proc)
-    return {"returncode": returncode, "timed_out": timed_out, "seconds": round(time.monotonic() - start, 1)}
+    result = launch.run([*cmd, str(out_dir)], out_dir / "launch.log", LAUNCH_TIMEOUT, cwd=out_dir, env=env)
+    return {"returncode": result.returncode, "timed_out": result.timed_out, "seconds": result.seconds}
 
 
 @pytest.fixture(scope="session")
