@@ -9,3 +9,8 @@ def last_line(text: str) -> str:
 
 class KitError(Exception):
     """A failure the user can act on; its message is one line that says what to do."""
+
+
+def plural(n: int, word: str, words: str = "") -> str:
+    """``'1 path'`` / ``'2 paths'``: ``n`` and ``word`` in the right number (``words``: an irregular plural)."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"

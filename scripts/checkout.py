@@ -5,13 +5,12 @@ checkouts are made"). It is written with git plumbing from a temporary index, so
 touched, and with a fixed identity and date, so two machines make the same commit id from the same sdist.
 """
 
-import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
-from scripts import KitError, last_line, sdist
+from scripts import KitError, last_line, plural, sdist
+from scripts.git import current_branch, git, has_ref, rev  # noqa: F401 (re-exported for the other scripts)
 from scripts.sources import Pin
 
 # Identity and date of every base commit: fixed so that the commit id depends on the tree alone.
@@ -25,45 +24,11 @@ BASE_ENV = {
 }
 # What builds, editable installs and test runs write into a checkout; kept out of `git status`.
 EXCLUDES = ["*.egg-info/", "__pycache__/", "*.py[cod]", "/build/", ".pytest_cache/", ".ruff_cache/"]
-# Config that would make the same tree hash differently on another machine.
-PORTABLE = ["-c", "core.autocrlf=false", "-c", "core.fileMode=true", "-c", "core.symlinks=true"]
-
-
-def git(repo: Path, *args: str, env: dict | None = None, check: bool = True, input: str | None = None
-        ) -> subprocess.CompletedProcess:
-    """Run ``git -C repo args`` (``input`` on stdin) and return the completed process (text stdout/stderr).
-
-    Raises KitError naming the command and git's last error line when ``check`` and git exits non-zero,
-    or when git is not installed.
-    """
-    if shutil.which("git") is None:
-        raise KitError("git is not installed: install git (apt-get install git) and run again")
-    result = subprocess.run(["git", "-C", str(repo), *PORTABLE, *args], capture_output=True, text=True,
-                            env={**os.environ, **(env or {})}, input=input)
-    if check and result.returncode != 0:
-        reason = last_line(result.stderr or result.stdout) or f"exit {result.returncode}"
-        raise KitError(f"git {args[0]} failed in {repo}: {reason}")
-    return result
 
 
 def base_tag(version: str) -> str:
     """Return the tag of the pristine commit of ``version``: ``base/<version>``."""
     return f"base/{version}"
-
-
-def has_ref(repo: Path, ref: str) -> bool:
-    """Return True when ``ref`` names a commit in ``repo``."""
-    return git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).returncode == 0
-
-
-def rev(repo: Path, ref: str = "HEAD") -> str:
-    """Return the full commit id of ``ref`` in ``repo``; raise KitError if it names no commit."""
-    return git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}").stdout.strip()
-
-
-def current_branch(repo: Path) -> str:
-    """Return the short name of the branch HEAD is on, or '' for a detached HEAD."""
-    return git(repo, "symbolic-ref", "--quiet", "--short", "HEAD", check=False).stdout.strip()
 
 
 def uncommitted(repo: Path) -> list[str]:
@@ -82,11 +47,11 @@ def refuse_if_dirty(repo: Path, doing: str) -> None:
     for name, operation in IN_PROGRESS.items():
         if (repo / ".git" / name).exists():
             raise KitError(f"{repo} has a {operation} in progress: finish it or abort it (e.g. `git am --abort`) "
-                           f"before {doing}; nothing was changed")
+                           f"before {doing}")
     dirty = uncommitted(repo)
     if dirty:
-        raise KitError(f"{repo} has uncommitted changes ({len(dirty)} paths, e.g. '{dirty[0][3:]}'): commit them "
-                       f"or move them away (`git stash --include-untracked`) before {doing}; nothing was changed")
+        raise KitError(f"{repo} has uncommitted changes ({plural(len(dirty), 'path')}, e.g. '{dirty[0][3:]}'): commit "
+                       f"them or move them away (`git stash --include-untracked`) before {doing}")
 
 
 def ensure_repo(repo: Path) -> None:

@@ -57,7 +57,7 @@ def whitespace_problems(repo: Path, base: str, patches: list[Path]) -> dict[Path
     Returns {patch: git's first error line} for the first patch that fails (later ones are not tried).
     """
     failed = series.first_failing(repo, base, patches, "--whitespace=error")
-    return {failed[0]: failed[1].replace(f"{failed[0]}:", "line ")} if failed else {}
+    return {failed[0]: failed[1].splitlines()[0].replace(f"{failed[0]}:", "line ")} if failed else {}
 
 
 def touched_python(repo: Path, base: str) -> list[str]:

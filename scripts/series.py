@@ -2,20 +2,33 @@
 
 The series lives on the branch ``series/<version>`` of the checkout, applied on ``base/<version>`` with
 ``git am --3way`` under a fixed committer and ``--committer-date-is-author-date``, so the same series gives
-the same commit ids everywhere. ``refs/kit/applied`` records the last commit ``git am`` made for the kit (the
-gate records its own under ``refs/kit/`` too). A HEAD that is neither a base nor such a commit holds the
-user's own work: it may be replaced only while ``patches/<name>/`` holds exactly that work (exporting it
-again gives the same files), or when the user says ``--discard``.
+the same commit ids everywhere. ``refs/kit/series/<version>`` records the last commit ``git am`` made for the kit
+from ``patches/<name>/`` (the gate's ``refs/kit/gate-*`` commits are the kit's too). A commit that is neither a
+base nor such a record holds the user's own work: it may be replaced only while ``patches/<name>/`` holds exactly
+that work (exporting it again gives the same files), or when the user says ``--discard``.
+
+Nothing re-makes the user's commits under a kit record: when ``series/<version>`` already carries exactly the
+series, ``apply`` checks that branch out instead of running ``git am`` again, so after ``make export`` the
+exported commits stay the user's whatever runs next (gate, matrix, apply of another version), and a later
+``git checkout patches/`` in the kit cannot make ``apply`` drop them (issue 14).
+
+Every command is split in a check that raises KitError and changes nothing (``check_apply``, ``check_unapply``,
+``check_export``) and the change itself, so that ``scripts/upstream.py`` can check every upstream before it
+changes any.
 """
 
 import re
 import tempfile
 from pathlib import Path
 
-from scripts import KitError
-from scripts.checkout import current_branch, git, has_ref, refuse_if_dirty, rev
+from scripts import KitError, plural
+from scripts.checkout import IN_PROGRESS, refuse_if_dirty, uncommitted
+from scripts.git import current_branch, git, has_ref, rev
 
-APPLIED_REF = "refs/kit/applied"
+# Refs whose commits the kit made and may replace: the bases, the series `git am` made, the gate's commits.
+KIT_REFS = ["refs/tags/base/", "refs/kit/series/", "refs/kit/gate-*"]
+# Where earlier kits recorded the applied series: it could end up on the user's exported commits, so it is deleted.
+LEGACY_REF = "refs/kit/applied"
 COMMITTER_ENV = {"GIT_COMMITTER_NAME": "upstream kit", "GIT_COMMITTER_EMAIL": "kit@upstream.invalid"}
 # Stable `git format-patch` output: no version signature, `[PATCH n/m]`, no commit ids.
 FORMAT_PATCH = ["format-patch", "--quiet", "--no-signature", "--numbered", "--zero-commit"]
@@ -34,14 +47,19 @@ def touches(patch: Path, paths: tuple[str, ...]) -> bool:
 
 def count(patches) -> str:
     """'1 patch' / 'N patches' for a sized collection of patches."""
-    return f"{len(patches)} patch{'' if len(patches) == 1 else 'es'}"
+    return plural(len(patches), "patch", "patches")
+
+
+def applied_ref(version: str) -> str:
+    """The ref that records the last series ``git am`` made on ``base/<version>``: ``refs/kit/series/<version>``."""
+    return f"refs/kit/series/{version}"
 
 
 def first_failing(repo: Path, base: str, patches: list[Path], *options: str) -> tuple[Path, str] | None:
     """Apply ``patches`` in order to ``base`` in a temporary index (``git apply --cached`` with ``options``).
 
-    Neither the work tree nor the checkout's index changes. Returns (the first patch that fails, git's first
-    error line), or None when all apply.
+    Neither the work tree nor the checkout's index changes. Returns (the first patch that fails, git's error
+    output), or None when all apply.
     """
     with tempfile.TemporaryDirectory(prefix="kit-index-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
@@ -49,7 +67,7 @@ def first_failing(repo: Path, base: str, patches: list[Path], *options: str) -> 
         for patch in patches:
             result = git(repo, "apply", "--cached", *options, str(patch), env=env, check=False)
             if result.returncode != 0:
-                return patch, (result.stderr.strip().splitlines() or ["does not apply"])[0]
+                return patch, result.stderr.strip() or "does not apply"
     return None
 
 
@@ -80,52 +98,90 @@ def require_base(repo: Path, version: str) -> str:
     return base
 
 
-def refuse_if_unexported(repo: Path, version: str, patch_dir: Path, doing: str) -> None:
-    """Raise KitError when HEAD or the branch ``series/<version>`` holds commits of the user's.
+def kit_made(repo: Path, commit: str) -> bool:
+    """True when one of KIT_REFS points at ``commit``: a base or a commit the kit made, safe to replace."""
+    return bool(git(repo, "for-each-ref", "--points-at", commit, *KIT_REFS).stdout.strip())
 
-    A commit is the kit's own when a base tag or a ``refs/kit/*`` ref points at it; the user's commits are
-    safe to replace only while exporting them gives exactly the files of ``patch_dir``.
+
+def refuse_if_unexported(repo: Path, version: str, patch_dir: Path, doing: str, tips: tuple[str, ...] = ()) -> None:
+    """Raise KitError when HEAD or the branch ``series/<version>`` (or only ``tips``) holds commits of the user's.
+
+    A commit is the kit's own when a ref of KIT_REFS points at it; the user's commits are safe to replace only
+    while exporting them (from the base they stand on) gives exactly the files of ``patch_dir``.
     """
-    base = f"base/{version}"
-    tips = ["HEAD"] + ([f"refs/heads/{branch(version)}"] if has_ref(repo, f"refs/heads/{branch(version)}") else [])
+    ref = f"refs/heads/{branch(version)}"
+    tips = tips or ("HEAD", *([ref] if has_ref(repo, ref) else []))
     for tip in tips:
         commit = rev(repo, tip)
-        if git(repo, "for-each-ref", "--points-at", commit, "refs/tags/base/", "refs/kit/").stdout:
+        on = version_of(repo, commit)  # HEAD may stand on another version's base (`make apply X_VERSION=...`)
+        if kit_made(repo, commit) or (on and matches(repo, f"base/{on}", patch_dir, commit)):
             continue
-        if not matches(repo, base, patch_dir, commit):
-            where = "HEAD" if tip == "HEAD" else branch(version)
-            raise KitError(f"{where} of {repo} ({commit[:12]}) holds commits that {patch_dir} does not: run `make "
-                           f"export` to keep them, or `make unapply DISCARD=1` to drop them, before {doing}")
+        where = "HEAD" if tip == "HEAD" else branch(version)
+        raise KitError(f"{where} of {repo} ({commit[:12]}) holds commits that {patch_dir} does not: run `make "
+                       f"export` to keep them, or `make unapply DISCARD=1` to drop them, before {doing}")
+
+
+def check_apply(repo: Path, version: str, patch_dir: Path) -> str:
+    """Raise KitError, changing nothing, when ``apply`` would have to refuse; else return what it will do.
+
+    Returns ``"done"`` (HEAD carries exactly the series), ``"switch"`` (the branch ``series/<version>`` does:
+    check it out) or ``"am"`` (the series is applied anew with ``git am``; every patch was checked to apply
+    to the base with ``git apply --3way`` in a temporary index).
+    """
+    base = require_base(repo, version)
+    refuse_if_dirty(repo, "applying the series")
+    ref = f"refs/heads/{branch(version)}"
+    if matches(repo, base, patch_dir):
+        if current_branch(repo) != branch(version):  # e.g. a new checkout, detached at its base, and an empty series
+            refuse_if_unexported(repo, version, patch_dir, "applying the series")
+        return "done"
+    refuse_if_unexported(repo, version, patch_dir, "applying the series", ("HEAD",))
+    if has_ref(repo, ref) and matches(repo, base, patch_dir, ref):
+        return "switch"
+    refuse_if_unexported(repo, version, patch_dir, "applying the series")
+    failed = first_failing(repo, base, patch_files(patch_dir), "--3way")
+    if failed:
+        raise KitError(f"patches/{patch_dir.name}/{failed[0].name} does not apply to {repo.name} {version}"
+                       f"{_failed_file(failed[1])}: rebase the series (see README, 'Changing a patch')")
+    return "am"
 
 
 def apply(repo: Path, version: str, patch_dir: Path) -> str:
     """Check out ``series/<version>`` = ``base/<version>`` + every patch of ``patch_dir``; return a summary.
 
-    A no-op when HEAD already carries exactly that series (but for putting the branch there). Raises KitError,
-    changing nothing, when the checkout has uncommitted changes or unexported commits; when a patch does not
-    apply, aborts ``git am``, leaves the checkout on the base and names the patch and the file.
+    A no-op when HEAD already carries exactly that series (but for putting the branch there); checks out the
+    branch ``series/<version>`` when it carries exactly the series (no ``git am``, so the user's exported commits
+    stay the user's). Raises KitError, changing nothing, in the cases of ``check_apply``; when ``git am`` fails
+    all the same (or is interrupted), aborts it, leaves the checkout on the base and names the patch and the file.
     """
     base = f"base/{version}"
-    refuse_if_dirty(repo, "applying the series")
     patches = patch_files(patch_dir)
-    on = current_branch(repo)
-    if matches(repo, base, patch_dir):
-        if on != branch(version):  # e.g. a new checkout, detached at its base, and an empty series
-            refuse_if_unexported(repo, version, patch_dir, "applying the series")
+    step = check_apply(repo, version, patch_dir)
+    git(repo, "update-ref", "-d", LEGACY_REF, check=False)
+    if step == "done":
+        if current_branch(repo) != branch(version):
             git(repo, "checkout", "--quiet", "-B", branch(version))
         return f"{repo.name}: series already applied on {base} ({count(patches)}, HEAD {rev(repo)[:12]})"
-    refuse_if_unexported(repo, version, patch_dir, "applying the series")
+    if step == "switch":
+        git(repo, "checkout", "--quiet", branch(version))
+        return f"{repo.name}: checked out {branch(version)}, which carries the series ({count(patches)}, HEAD " \
+               f"{rev(repo)[:12]})"
     git(repo, "checkout", "--quiet", "-B", branch(version), base)
     if patches:
-        result = git(repo, "am", "--3way", "--committer-date-is-author-date",
-                     *map(str, patches), env=COMMITTER_ENV, check=False)
-        if result.returncode != 0:
+        try:
+            result = git(repo, "am", "--3way", "--committer-date-is-author-date",
+                         *map(str, patches), env=COMMITTER_ENV, check=False)
+        except KeyboardInterrupt:
+            result = None
+        if result is None or result.returncode != 0:
             git(repo, "am", "--abort", check=False)
             git(repo, "checkout", "--quiet", "--detach", base)
+            if result is None:
+                raise KeyboardInterrupt
             raise KitError(f"{_failed_patch(result.stdout + result.stderr, patches)} does not apply to "
                            f"{repo.name} {version}{_failed_file(result.stdout + result.stderr)}: the checkout "
                            f"was left on {base}; rebase the series (see README, 'Changing a patch')")
-    git(repo, "update-ref", APPLIED_REF, "HEAD")
+    git(repo, "update-ref", applied_ref(version), "HEAD")
     return f"{repo.name}: applied {count(patches)} on {base}, HEAD {rev(repo)[:12]}"
 
 
@@ -146,6 +202,14 @@ def _failed_file(output: str) -> str:
     return ""
 
 
+def check_unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) -> None:
+    """Raise KitError, changing nothing, when ``unapply`` would have to refuse (see there)."""
+    require_base(repo, version)
+    refuse_if_dirty(repo, "unapplying")
+    if not discard:
+        refuse_if_unexported(repo, version, patch_dir, "unapplying")
+
+
 def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) -> str:
     """Leave ``repo`` detached at ``base/<version>``; return a summary.
 
@@ -153,14 +217,12 @@ def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) ->
     commits that are not exported to ``patch_dir``. With ``discard`` the branch ``series/<version>`` is reset
     to the base too, so such commits are dropped.
     """
-    base = require_base(repo, version)
-    refuse_if_dirty(repo, "unapplying")
+    base = f"base/{version}"
+    check_unapply(repo, version, patch_dir, discard)
+    git(repo, "checkout", "--quiet", "--detach", base)
     if discard:
-        git(repo, "checkout", "--quiet", "--detach", base)
         git(repo, "branch", "--force", branch(version), base)
         return f"{repo.name}: at {base} ({rev(repo)[:12]}); commits above it dropped (git reflog still has them)"
-    refuse_if_unexported(repo, version, patch_dir, "unapplying")
-    git(repo, "checkout", "--quiet", "--detach", base)
     return f"{repo.name}: at {base} ({rev(repo)[:12]}), series not applied"
 
 
@@ -203,6 +265,15 @@ def resign(repo: Path, version: str) -> str:
     return f"{name} <{email}>"
 
 
+def check_export(repo: Path, version: str) -> None:
+    """Raise KitError, changing nothing, when ``export`` would have to refuse (see there)."""
+    base = require_base(repo, version)
+    refuse_if_dirty(repo, "exporting (commit them with `git commit -s`)")
+    refuse_if_off_series(repo, version, "exporting")
+    if git(repo, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
+        raise KitError(f"{branch(version)} of {repo} does not descend from {base}: rebase it onto {base} first")
+
+
 def export(repo: Path, version: str, patch_dir: Path) -> str:
     """Write ``base/<version>..HEAD`` as ``git format-patch`` files into ``patch_dir``; return a summary.
 
@@ -210,11 +281,8 @@ def export(repo: Path, version: str, patch_dir: Path) -> str:
     (commit them first), is not on the branch ``series/<version>`` (so a checkout left on its base or on the
     gate's ``gate/before/<version>`` never overwrites the series) or that branch does not descend from the base.
     """
-    base = require_base(repo, version)
-    refuse_if_dirty(repo, "exporting (commit them with `git commit -s`)")
-    refuse_if_off_series(repo, version, "exporting")
-    if git(repo, "merge-base", "--is-ancestor", base, "HEAD", check=False).returncode != 0:
-        raise KitError(f"{branch(version)} of {repo} does not descend from {base}: rebase it onto {base} first")
+    base = f"base/{version}"
+    check_export(repo, version)
     files = _exported(repo, base)
     patch_dir.mkdir(parents=True, exist_ok=True)
     for old in patch_files(patch_dir):
@@ -222,3 +290,35 @@ def export(repo: Path, version: str, patch_dir: Path) -> str:
     for name, data in files.items():
         (patch_dir / name).write_bytes(data)
     return f"{repo.name}: exported {count(files)} from {base}..HEAD to {patch_dir}"
+
+
+def version_of(repo: Path, tip: str = "HEAD") -> str:
+    """The version whose base ``tip`` stands on ('' when it is on none of the ``base/*`` tags)."""
+    merged = git(repo, "for-each-ref", "--merged", tip, "--format=%(refname:short)", "refs/tags/base/").stdout
+    return merged.split()[0].removeprefix("base/") if merged.split() else ""
+
+
+def describe(repo: Path, patch_dir: Path) -> str:
+    """One phrase: which version a checkout holds, on which branch, and whether it carries the series.
+
+    E.g. ``deepspeed 0.19.8 on series/0.19.8: series applied (2 patches)``, ``accelerate 1.15.0 detached at
+    base/1.15.0: series not applied``; plus ``, 2 uncommitted changes`` or ``, git am in progress``.
+    """
+    if not (repo / ".git").is_dir():
+        return f"{repo.name}: no checkout (run `make apply`)"
+    version = version_of(repo)
+    if not version:
+        return f"{repo.name}: HEAD {rev(repo)[:12]} is on no base/<version>"
+    base, on = f"base/{version}", current_branch(repo)
+    where = f"on {on}" if on else (f"detached at {base}" if rev(repo) == rev(repo, base) else
+                                   f"detached at {rev(repo)[:12]}")
+    above = len(git(repo, "rev-list", f"{base}..HEAD").stdout.split())
+    if matches(repo, base, patch_dir):
+        state = f"series applied ({count(patch_files(patch_dir))})" if above else "series not applied"
+    elif above and not kit_made(repo, rev(repo)):
+        state = f"{plural(above, 'commit')} above the base that {patch_dir.name} patches do not hold (`make export`)"
+    else:
+        state = "series not applied" if not above else "another series applied"
+    extras = [f"{plural(len(uncommitted(repo)), 'uncommitted change')}"] if uncommitted(repo) else []
+    extras += [f"{operation} in progress" for name, operation in IN_PROGRESS.items() if (repo / ".git" / name).exists()]
+    return f"{repo.name} {version} {where}: {', '.join([state, *extras])}"

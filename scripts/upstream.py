@@ -21,7 +21,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, checkout, series, sources
+from scripts import KitError, checkout, runlock, series, sources
+from scripts.git import git
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -70,47 +71,83 @@ def install(pin: sources.Pin, repo: Path, table: dict, pip_options: list[str]) -
         errors = [line for line in lines if line.lower().startswith("error:")] or lines[-1:] or ["no message"]
         raise KitError(f"pip could not install {repo} ({errors[0]}): run `{shlex.join(command)}` to see why")
     for path in table.get("install_restores", []):
-        checkout.git(repo, "checkout", "--quiet", "--", path)
+        git(repo, "checkout", "--quiet", "--", path)
     return f"{pin.name}: installed editable from {repo}"
 
 
 def run(args: argparse.Namespace) -> list[str]:
-    """Carry out ``args.command`` for each selected upstream; return one summary line per upstream."""
+    """Carry out ``args.command`` for each selected upstream, all or nothing; print and return one line per step.
+
+    First every upstream is checked (``series.check_*``: nothing is changed while one of them would refuse), then
+    each is changed in turn. A KitError during the changes names the upstreams already changed (their lines are
+    printed above it). ``checkout`` and the making of missing bases only add tags and commits, so they run first.
+    """
     pip_options = shlex.split(args.pip_options)
     chosen = sources.versions(args.version)
     names = [args.only] if args.only else sources.names(args.sources)
+    pins = {name: sources.pin(name, chosen.get(name), args.sources) for name in names}
     lines = []
-    for name in names:
-        pin = sources.pin(name, chosen.get(name), args.sources)
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    for name, pin in pins.items():
         repo, patch_dir = args.checkouts / name, args.patches / name
         if args.command in ("checkout", "apply"):
             base = checkout.make_base(pin, repo, args.cache, pip_options, args.source)
-            lines.append(f"{name}: base/{pin.version} is {base[:12]}")
-        if args.command == "apply":
-            lines.append(series.apply(repo, pin.version, patch_dir))
-        elif args.command in ("unapply", "export", "install") and not (repo / ".git").is_dir():
+            say(f"{name}: base/{pin.version} is {base[:12]}")
+        elif not (repo / ".git").is_dir():
             raise KitError(f"{repo} does not exist yet: run `make apply` first")
-        elif args.command == "unapply":
-            lines.append(series.unapply(repo, pin.version, patch_dir, args.discard))
-        elif args.command == "export":
-            if args.resign:
-                lines.append(f"{name}: re-signed as {series.resign(repo, pin.version)}")
-            lines.append(series.export(repo, pin.version, patch_dir))
-        elif args.command == "install":
-            lines.append(install(pin, repo, sources.load(args.sources)[name], pip_options))
+    try:
+        for name, pin in pins.items():
+            repo, patch_dir = args.checkouts / name, args.patches / name
+            if args.command == "apply":
+                series.check_apply(repo, pin.version, patch_dir)
+            elif args.command == "unapply":
+                series.check_unapply(repo, pin.version, patch_dir, args.discard)
+            elif args.command == "export":
+                series.check_export(repo, pin.version)
+    except KitError as e:
+        raise KitError(f"{e}; nothing was changed") from None
+    done = []
+    try:
+        for name, pin in pins.items():
+            repo, patch_dir = args.checkouts / name, args.patches / name
+            if args.command == "apply":
+                say(series.apply(repo, pin.version, patch_dir))
+            elif args.command == "unapply":
+                say(series.unapply(repo, pin.version, patch_dir, args.discard))
+            elif args.command == "export":
+                if args.resign:
+                    say(f"{name}: re-signed as {series.resign(repo, pin.version)}")
+                say(series.export(repo, pin.version, patch_dir))
+            elif args.command == "install":
+                say(install(pin, repo, sources.load(args.sources)[name], pip_options))
+            done.append(name)
+    except KitError as e:
+        changed = f"{', '.join(done)} changed as shown above" if done else "no checkout changed"
+        raise KitError(f"{e} ({changed})") from None
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the command, print its summary lines; on KitError print ``error: ...``, return 1."""
-    try:
-        for line in run(parse_args(sys.argv[1:] if argv is None else argv)):
-            print(line)
-    except KitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    """Entry point: run the command, printing its summary lines; on KitError print ``error: ...``, return 1.
 
+    Ctrl-C, SIGTERM and SIGHUP stop it without a traceback (``runlock.interruptible``): exit status 130.
+    """
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+
+    def work() -> int:
+        try:
+            run(args)
+        except KitError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
+
+    return runlock.interruptible(work, lambda: runlock.describe_checkouts(args.checkouts, args.patches, args.sources))
 
 if __name__ == "__main__":
     sys.exit(main())

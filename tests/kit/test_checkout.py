@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts import KitError, sdist
-from scripts.checkout import git, rev
+from scripts.git import git, rev
 from tests.kit.conftest import make_tarball
 
 

@@ -6,7 +6,7 @@ Uses the real tool environment (.tools, made by `make tools`, which `make test` 
 import pytest
 
 from scripts import lint
-from scripts.checkout import git
+from scripts.git import git
 from scripts.sources import KIT_ROOT
 
 LINT = "[tiny.lint]\nheader = '\\A# tiny\\n'\ncommands = [[\"ruff\", \"format\", \"--check\"]]\n"

@@ -3,7 +3,7 @@
 Each refusal test fails when the protection it names is removed from scripts/series.py.
 """
 
-from scripts.checkout import git, rev
+from scripts.git import git, rev
 
 
 def tree(repo, ref: str = "HEAD") -> str:
@@ -95,14 +95,15 @@ def test_patch_that_does_not_apply_is_aborted_on_the_base(kit):
     commit_fix(kit)
     assert kit.run("export")[0] == 0
     assert kit.run("unapply")[0] == 0
+    assert kit.run("unapply", "--discard")[0] == 0
     assert kit.run("apply")[0] == 0, "the kit's own git am now makes series/1.0"
     assert kit.run("unapply")[0] == 0
     patch = next(kit.patches.glob("*.patch"))
     patch.write_text(patch.read_text().replace("-VALUE = 1", "-VALUE = 7").replace("index ", "index-x "))
     code, err = kit.run("apply")
     assert code == 1 and err.count("\n") == 1
-    assert "0001-Set-VALUE-to-2.patch" in err and "tiny/__init__.py" in err
-    assert not (kit.repo / ".git" / "rebase-apply").exists(), "git am was aborted"
+    assert "0001-Set-VALUE-to-2.patch" in err and "tiny/__init__.py" in err and "nothing was changed" in err
+    assert not (kit.repo / ".git" / "rebase-apply").exists(), "git am never started"
     assert rev(kit.repo) == rev(kit.repo, "base/1.0")
     assert git(kit.repo, "status", "--porcelain").stdout == ""
 

@@ -3,7 +3,7 @@
 The git source is tested against a local repository URL, never the network.
 """
 
-from scripts.checkout import git, rev
+from scripts.git import git, rev
 from tests.kit.conftest import TINY_FILES
 from tests.kit.test_series import commit_fix
 

@@ -1,0 +1,204 @@
+"""One run of the kit at a time, and nothing of a run left behind: ``python -m scripts.runlock --name WHAT -- CMD``.
+
+The Makefile runs every recipe that reads or writes the checkouts, the venvs or ``build/`` through this wrapper:
+
+- **The lock**: ``fcntl.flock`` on ``build/run.lock`` (LOCK_EX | LOCK_NB). A second run stops at once with one
+  line naming the first (its ``--name``, e.g. ``make gate``, and its pid, written into the file). The kernel drops
+  a flock when its holder dies, so the lock of a killed run is free again without any clean-up.
+- **Nothing left behind**: CMD runs as a child in the wrapper's process group with ``KIT_RUN=<wrapper pid>`` in its
+  environment, which every process below it inherits, including launches in sessions of their own
+  (``scripts/launch.py``). When CMD ends, or after Ctrl-C / SIGTERM / SIGHUP, every process that still carries that
+  ``KIT_RUN`` value is sent SIGTERM, then SIGKILL after ``GRACE_S``. SIGTERM and SIGHUP to the wrapper (GNU make
+  sends SIGTERM to its children only) are passed on to CMD as SIGTERM; Ctrl-C reaches CMD from the terminal itself.
+- **After an interrupt** the wrapper prints one line saying where each checkout is (``series.describe``).
+
+A run started inside another (``KIT_RUN`` names an ancestor: the kit's own tests call ``make``, ``make matrix``
+calls the gate) is already covered: the wrapper then simply executes CMD. Python code can take the same lock with
+``with runlock.hold("make gate"):``. Exit status: CMD's (128 + N when a signal N ended it), 1 when the lock is held.
+"""
+
+import argparse
+import contextlib
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from scripts import KitError, launch, plural, sources
+
+LOCK_FILE = sources.KIT_ROOT / "build" / "run.lock"
+ENV = "KIT_RUN"
+GRACE_S = 3.0
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def parent_of(pid: int) -> int:
+    """The parent pid of ``pid`` from /proc (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def inside_run() -> bool:
+    """True when ``KIT_RUN`` names a live ancestor of this process: a run that already holds the lock."""
+    try:
+        holder = int(os.environ.get(ENV, ""))
+    except ValueError:
+        return False
+    pid = os.getppid()
+    while pid > 1:
+        if pid == holder:
+            return True
+        pid = parent_of(pid)
+    return False
+
+
+@contextlib.contextmanager
+def hold(name: str, path: Path = LOCK_FILE):
+    """Hold the kit's lock at ``path`` while the block runs; a no-op inside a run that holds it already.
+
+    ``name`` says what runs (``make gate``); it is written with the pid into the file for the next run's message.
+    Raises KitError (one line: who holds it) when another run holds the lock.
+    """
+    if inside_run():
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "pid unknown"
+            raise KitError(f"another run of the kit is under way ({holder}): wait for it to end, or stop it, and run "
+                           f"again") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{name}, pid {os.getpid()}\n")
+        f.flush()
+        yield
+
+
+def run_processes(token: str) -> list[int]:
+    """Pids of live processes (other than this one) whose environment holds ``KIT_RUN=<token>``."""
+    marker = f"{ENV}={token}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if marker in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
+def sweep(token: str) -> int:
+    """SIGTERM every process of the run ``token``, SIGKILL those alive after GRACE_S; return how many there were."""
+    pids = run_processes(token)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (GRACE_S if sig == signal.SIGTERM else 0)
+        while time.monotonic() < deadline and run_processes(token):
+            time.sleep(0.1)
+        if not run_processes(token):
+            break
+    return len(pids)
+
+
+def describe_checkouts(checkouts: Path = sources.KIT_ROOT / "upstream", patches: Path = sources.KIT_ROOT / "patches",
+                       pins: Path = sources.SOURCES_FILE) -> str:
+    """One line: where each checkout under ``checkouts`` is (``series.describe``), or why that cannot be said."""
+    from scripts import series  # here, so that the lock works even where git is missing
+
+    try:
+        return "; ".join(series.describe(checkouts / name, patches / name) for name in sources.names(pins))
+    except KitError as e:
+        return str(e)
+
+
+def run(name: str, command: list[str]) -> int:
+    """Run ``command`` under the lock as described in the module docstring; return its exit status."""
+    with hold(name):
+        token = str(os.getpid())
+        proc = subprocess.Popen(command, env={**os.environ, ENV: token})
+        signalled: list[float] = []  # when each signal came
+
+        def on_signal(signum, frame):
+            signalled.append(time.monotonic())
+            if signum != signal.SIGINT:  # Ctrl-C reached the command from the terminal already
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}
+        try:
+            while proc.poll() is None:
+                if signalled and time.monotonic() - signalled[0] > GRACE_S:
+                    proc.send_signal(signal.SIGTERM)  # the command ignored the interrupt: the sweep ends it
+                    break
+                time.sleep(0.05)
+        finally:
+            left = sweep(token)
+            proc.wait()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if signalled:
+            print(f"{name}: interrupted ({plural(left, 'process', 'processes')} stopped); checkouts: "
+                  f"{describe_checkouts()}", file=sys.stderr)
+        elif left:
+            print(f"{name}: stopped {plural(left, 'process', 'processes')} left running", file=sys.stderr)
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
+
+
+def interruptible(work: Callable[[], int], describe: Callable[[], str] = describe_checkouts) -> int:
+    """Return ``work()``; Ctrl-C, SIGTERM and SIGHUP end it cleanly: exit status 130, no traceback.
+
+    From the first such signal on, further ones are ignored (the clean-up of ``work``, e.g. ``git am --abort``,
+    runs in peace), every process below this one gets SIGTERM (GNU make's SIGTERM reaches only its own child),
+    and ``work`` gets a KeyboardInterrupt. Then one line says where the checkouts are (``describe()``), unless a
+    wrapper of this module above says it.
+    """
+
+    def interrupt(signum, frame):
+        for sig in SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        for pid in launch.descendants(os.getpid()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in SIGNALS}
+    try:
+        return work()
+    except KeyboardInterrupt:
+        if not inside_run():
+            print(f"interrupted; checkouts: {describe()}", file=sys.stderr)
+        return 130
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``--name WHAT -- CMD ...``; one ``error:`` line and exit 1 when the lock is held."""
+    parser = argparse.ArgumentParser(prog="python -m scripts.runlock", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True, help="what runs, for the next run's message (e.g. 'make gate')")
+    parser.add_argument("command", nargs="+", help="the command to run (after --)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if inside_run():
+        os.execvp(args.command[0], args.command)
+    try:
+        return run(args.name, args.command)
+    except KitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
