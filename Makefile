@@ -32,11 +32,15 @@ STAMP := $(VENV)/.kit-venv
 TOOLS := .tools
 TOOLS_STAMP := $(TOOLS)/.kit-tools
 NEED_VENV = test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
-UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
+# Every recipe that reads or writes the checkouts, the venvs or build/ runs under the kit's lock: one run at a
+# time, and no process of it left behind after it ends or is interrupted (scripts/runlock.py).
+LOCK = $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --
+UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix pr clean check-python
+.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix pr clean check-python \
+	need-venv lint-ready
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -56,15 +60,15 @@ ifneq ($(shell cat $(STAMP) 2>/dev/null),$(TORCH))
 endif
 $(STAMP): requirements/kit.txt | check-python
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(PIP_OPTS) "$(TORCH)"
-	$(PY) -m pip install --quiet $(PIP_OPTS) -r requirements/kit.txt
+	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) "$(TORCH)"
+	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) -r requirements/kit.txt
 	@echo "$(TORCH)" > $@
 
 venv: $(STAMP) ## create .venv with the pinned tools (torch, torchdata, pytest, ...)
 
 $(TOOLS_STAMP): requirements/tools.txt | check-python
 	@test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
-	$(TOOLS)/bin/python -m pip install --quiet $(PIP_OPTS) -r requirements/tools.txt
+	$(LOCK) $(TOOLS)/bin/python -m pip install --quiet $(PIP_OPTS) -r requirements/tools.txt
 	@touch $@
 
 tools: $(TOOLS_STAMP) ## create .tools/ with the upstreams' style tools at their pinned versions (ruff, yapf, flake8, codespell)
@@ -78,37 +82,47 @@ apply: $(STAMP) ## venv + checkouts + the series applied (git am --3way) + edita
 
 unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)
 	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(DISCARD),--discard)
+	@test ! -x $(PY) || $(call UPSTREAM,$(PY),install)
 
 export: check-python ## regenerate patches/<name>/ from the commits on the base (git format-patch); RESIGN=1 signs as you
 	@$(call UPSTREAM,$(PYTHON),export) $(if $(RESIGN),--resign)
 
-test: $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
+# Checked before anything is built: make test refuses for want of .venv before it makes .tools.
+need-venv:
 	@$(NEED_VENV)
-	$(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
+
+test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
+	$(LOCK) $(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 
 gate: ## FAIL_TO_PASS / PASS_TO_PASS check: base + test hunks, then the series; report in build/gate/
 	@$(NEED_VENV)
-	@$(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+	@$(LOCK) $(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
 	  --jobs $(GATE_JOBS)
 
 stress: ## run tests/accelerate REPEAT times on the checkouts as they are; failures per test in build/stress/
 	@$(NEED_VENV)
-	@$(PY) -m scripts.stress --repeat $(REPEAT) --jobs $(JOBS)
+	@$(LOCK) $(PY) -m scripts.stress --repeat $(REPEAT) --jobs $(JOBS)
 
 bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate vs its floor; build/bench/report.md
 	@$(NEED_VENV)
-	@$(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
+	@$(LOCK) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
 	  --version accelerate=$(ACCELERATE_VERSION) --jobs $(JOBS) $(BENCH_ARGS)
 
-lint: $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
-	@$(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
+LINT = $(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
 
-matrix: $(STAMP) ## every pinned release: series applied? gate verdict? table in build/matrix/report.md (slow)
-	@$(PY) -m scripts.matrix
+# Checked before .tools is built: the checkouts carry exactly the series.
+lint-ready: check-python
+	@$(LOCK) $(LINT) --ready
+
+lint: lint-ready $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
+	@$(LOCK) $(LINT)
+
+matrix: need-venv ## every pinned release: series applied? gate verdict? table in build/matrix/report.md (slow)
+	@$(LOCK) $(PY) -m scripts.matrix
 
 pr: ## the pull-request bodies build/pr/<name>.md: docs/pr/<name>.md + the gate's table + the commands
-	@$(PYTHON) -m scripts.pr
+	@$(LOCK) $(PYTHON) -m scripts.pr
 
 clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)
-	rm -rf build .pytest_cache .ruff_cache
+	$(LOCK) rm -rf build .pytest_cache .ruff_cache
 	find scripts tests -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -17,8 +17,8 @@ import sys
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
-from scripts import KitError, series, sources
-from scripts.checkout import git
+from scripts import KitError, plural, runlock, series, sources
+from scripts.git import git
 
 SUBJECT_MAX = 72
 # The identity the kit's own series is signed with; whoever opens the pull request re-signs it as themselves.
@@ -66,11 +66,17 @@ def touched_python(repo: Path, base: str) -> list[str]:
     return sorted(out.split())
 
 
+def require_series(pin: sources.Pin, repo: Path, patch_dir: Path) -> None:
+    """Raise KitError unless ``repo`` carries exactly ``patch_dir``; its hint works in the checkout's state."""
+    if not (repo / ".git").is_dir() or not series.matches(repo, f"base/{pin.version}", patch_dir):
+        raise KitError(f"{repo} does not carry exactly {patch_dir}: "
+                       f"{series.next_step(repo, pin.version, patch_dir)}")
+
+
 def lint_upstream(pin: sources.Pin, table: dict, repo: Path, patch_dir: Path, tools: Path) -> list[str]:
     """Return the problems of one upstream's series; raise KitError when the series is not applied."""
     base = f"base/{pin.version}"
-    if not series.matches(repo, base, patch_dir):
-        raise KitError(f"{repo} does not carry exactly {patch_dir}: run `make apply` (or `make export`) first")
+    require_series(pin, repo, patch_dir)
     patches = series.patch_files(patch_dir)
     problems = [f"{p.relative_to(patch_dir.parent.parent)}: {m}" for p in patches for m in message_problems(p)]
     problems += [f"{p.relative_to(patch_dir.parent.parent)}: {m}"
@@ -99,35 +105,57 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
     parser.add_argument("--tools", type=Path, default=sources.KIT_ROOT / ".tools")
+    parser.add_argument("--ready", action="store_true",
+                        help="only check that every checkout carries its series (before `make tools` runs)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    problems = []
+    return runlock.interruptible(lambda: run(args),
+                                 lambda: runlock.describe_checkouts(args.checkouts, args.patches, args.sources))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the checkouts, then lint; print one summary line per part with its problems under it; 0 when clean."""
+    failed = False
     try:
         chosen = sources.versions(args.version)
         table = sources.load(args.sources)
-        for name in [args.only] if args.only else list(table):
-            pin = sources.pin(name, chosen.get(name), args.sources)
+        names = [args.only] if args.only else list(table)
+        pins = {name: sources.pin(name, chosen.get(name), args.sources) for name in names}
+        for name, pin in pins.items():
+            require_series(pin, args.checkouts / name, args.patches / name)
+        if args.ready:
+            return 0
+        for name, pin in pins.items():
             found = lint_upstream(pin, table[name], args.checkouts / name, args.patches / name, args.tools)
-            print(f"lint {name} {pin.version}: {len(found)} problems")
+            report(f"lint {name} {pin.version}", found)
             for note in placeholder_notes(args.patches / name):
                 print(f"  {note}")
-            problems += found
+            failed |= bool(found)
         if not args.only:
-            result = subprocess.run([str(args.tools / "bin" / "ruff"), "check", "--quiet", "scripts", "tests"],
-                                    cwd=sources.KIT_ROOT, capture_output=True, text=True)
-            kit = [f"kit: `ruff check`:\n{result.stdout.strip()}"] if result.returncode else []
-            workflows = sorted(str(p) for p in (sources.KIT_ROOT / ".github" / "workflows").glob("*.yml"))
-            result = subprocess.run([str(args.tools / "bin" / "check-jsonschema"), "--builtin-schema",
-                                     "vendor.github-workflows", *workflows], capture_output=True, text=True)
-            kit += [f"kit: workflow schema:\n{result.stdout.strip()}"] if result.returncode else []
-            print(f"lint kit: {len(kit)} problems")
-            problems += kit
+            found = kit_problems(args.tools)
+            report("lint kit", found)
+            failed |= bool(found)
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    return 1 if failed else 0
+
+
+def report(what: str, problems: list[str]) -> None:
+    """Print ``what: N problems`` and, under it, one indented line (or block) per problem."""
+    print(f"{what}: {plural(len(problems), 'problem')}")
     for problem in problems:
         print(f"  {problem}")
-    return 1 if problems else 0
 
+
+def kit_problems(tools: Path) -> list[str]:
+    """The kit's own code: ``ruff check`` of scripts/ and tests/, and the workflows against GitHub's schema."""
+    result = subprocess.run([str(tools / "bin" / "ruff"), "check", "--quiet", "scripts", "tests"],
+                            cwd=sources.KIT_ROOT, capture_output=True, text=True)
+    problems = [f"kit: `ruff check`:\n{result.stdout.strip()}"] if result.returncode else []
+    workflows = sorted(str(p) for p in (sources.KIT_ROOT / ".github" / "workflows").glob("*.yml"))
+    result = subprocess.run([str(tools / "bin" / "check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
+                             *workflows], capture_output=True, text=True)
+    return problems + ([f"kit: workflow schema:\n{result.stdout.strip()}"] if result.returncode else [])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -60,8 +60,8 @@ def inside_run() -> bool:
 
 
 @contextlib.contextmanager
-def hold(name: str, path: Path = LOCK_FILE):
-    """Hold the kit's lock at ``path`` while the block runs; a no-op inside a run that holds it already.
+def hold(name: str, path: Path | None = None):
+    """Hold the kit's lock at ``path`` (default LOCK_FILE) while the block runs; a no-op inside a run that holds it already.
 
     ``name`` says what runs (``make gate``); it is written with the pid into the file for the next run's message.
     Raises KitError (one line: who holds it) when another run holds the lock.
@@ -69,6 +69,7 @@ def hold(name: str, path: Path = LOCK_FILE):
     if inside_run():
         yield
         return
+    path = path or LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+") as f:
         try:

@@ -17,6 +17,7 @@ Every command is split in a check that raises KitError and changes nothing (``ch
 changes any.
 """
 
+import contextlib
 import re
 import tempfile
 from pathlib import Path
@@ -290,6 +291,25 @@ def export(repo: Path, version: str, patch_dir: Path) -> str:
     for name, data in files.items():
         (patch_dir / name).write_bytes(data)
     return f"{repo.name}: exported {count(files)} from {base}..HEAD to {patch_dir}"
+
+
+def next_step(repo: Path, version: str, patch_dir: Path) -> str:
+    """What makes ``repo`` carry exactly ``patch_dir`` on ``base/<version>``, as a hint that works in its state.
+
+    ``run `make export``` when HEAD holds commits of the user's that export can write, ``run `make apply``` when
+    apply can check out or apply the series, else the reason apply would refuse (which says what to do).
+    """
+    if not (repo / ".git").is_dir():
+        return "run `make apply` first"
+    with contextlib.suppress(KitError):
+        check_export(repo, version)
+        if not kit_made(repo, rev(repo)):
+            return "run `make export` (your commits become the series) or `make apply` (after DISCARD=1)"
+    try:
+        check_apply(repo, version, patch_dir)
+    except KitError as e:
+        return str(e)
+    return "run `make apply` first"
 
 
 def version_of(repo: Path, tip: str = "HEAD") -> str:

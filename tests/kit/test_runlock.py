@@ -1,0 +1,132 @@
+"""One run at a time, nothing left behind (scripts/runlock.py), and the Makefile's preconditions (issue 14).
+
+Each test fails when the guarantee it names is removed: the lock, the message naming the first run, the take-over
+of a killed run's lock, the sweep of processes that left the run's process tree, the state line after an
+interrupt, the check for .venv before .tools is built.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scripts import launch, runlock
+from scripts.sources import KIT_ROOT
+
+
+def wrapper(tmp_path, name: str, *command: str, **popen) -> subprocess.Popen:
+    """Start ``python -m scripts.runlock`` outside any run of the kit, with its lock file in ``tmp_path``."""
+    env = {k: v for k, v in os.environ.items() if k != runlock.ENV}
+    code = (f"import sys; from pathlib import Path; from scripts import runlock; "
+            f"runlock.LOCK_FILE = Path({str(tmp_path / 'run.lock')!r}); sys.exit(runlock.main())")
+    return subprocess.Popen([sys.executable, "-c", code, "--name", name, "--", *command], cwd=KIT_ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def wait_for(condition, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "zombie" not in f.read().lower()
+    except OSError:
+        return False
+
+
+def test_second_run_stops_with_one_line_naming_the_first(tmp_path):
+    first = wrapper(tmp_path, "make gate", "sleep", "30")
+    wait_for(lambda: "make gate" in (tmp_path / "run.lock").read_text() if (tmp_path / "run.lock").exists() else 0)
+    second = wrapper(tmp_path, "make apply", "true")
+    _, err = second.communicate(timeout=20)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=20)
+    assert second.returncode == 1
+    assert err == (f"error: another run of the kit is under way (make gate, pid {first.pid}): wait for it to end, "
+                   f"or stop it, and run again\n")
+
+
+def test_lock_of_a_killed_run_is_taken_over(tmp_path):
+    first = wrapper(tmp_path, "make gate", "sleep", "30", start_new_session=True)
+    wait_for(lambda: (tmp_path / "run.lock").exists() and "make gate" in (tmp_path / "run.lock").read_text())
+    os.killpg(first.pid, signal.SIGKILL)
+    first.communicate(timeout=20)
+    second = wrapper(tmp_path, "make apply", "true")
+    out, err = second.communicate(timeout=20)
+    assert second.returncode == 0, err
+
+
+def test_processes_that_left_the_tree_are_stopped_when_the_run_ends(tmp_path):
+    """A process in a session of its own, its parent gone (as a rank of torch.distributed.run after a crash)."""
+    pidfile = tmp_path / "pid"
+    script = f"setsid sleep 60 >/dev/null 2>&1 & echo $! > {pidfile}"
+    run = wrapper(tmp_path, "make stress", "sh", "-c", script)
+    _, err = run.communicate(timeout=30)
+    orphan = int(pidfile.read_text())
+    assert run.returncode == 0
+    assert not alive(orphan)
+    assert err == "make stress: stopped 1 process left running\n"
+
+
+@pytest.mark.parametrize("sig, to_group", [(signal.SIGINT, True), (signal.SIGTERM, False), (signal.SIGHUP, False)],
+                         ids=["ctrl-c-to-the-group", "sigterm-as-make-sends-it", "sighup"])
+def test_interrupt_leaves_nothing_and_says_where_the_checkouts_are(tmp_path, sig, to_group):
+    """A command with a launch in its own session (scripts/launch.py's way) is interrupted; nothing runs after."""
+    code = ("import sys; from pathlib import Path; from scripts import launch, runlock; "
+            f"sys.exit(runlock.interruptible(lambda: launch.run(['sleep', '60'], Path({str(tmp_path / 'l.log')!r}), "
+            "120).returncode))")
+    run = wrapper(tmp_path, "make gate", sys.executable, "-c", code, start_new_session=True)
+    wait_for(lambda: len(launch.descendants(run.pid)) >= 2)
+    below = launch.descendants(run.pid)
+    if to_group:
+        os.killpg(run.pid, sig)
+    else:
+        os.kill(run.pid, sig)
+    _, err = run.communicate(timeout=30)
+    time.sleep(0.5)
+    assert [pid for pid in below if alive(pid)] == []
+    assert "Traceback" not in err
+    assert err.splitlines()[-1].startswith("make gate: interrupted (") and "; checkouts: " in err.splitlines()[-1]
+
+
+def test_interruptible_stops_its_children_and_returns_130(capsys, monkeypatch):
+    monkeypatch.delenv(runlock.ENV, raising=False)
+    children = []
+
+    def work() -> int:
+        children.append(subprocess.Popen(["sleep", "60"]))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+        return 0
+
+    assert runlock.interruptible(work, lambda: "tiny 1.0 on series/1.0") == 130
+    assert children[0].wait(timeout=5) == -signal.SIGTERM
+    assert capsys.readouterr().err == "interrupted; checkouts: tiny 1.0 on series/1.0\n"
+
+
+def make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", "-C", str(KIT_ROOT), *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+@pytest.mark.parametrize("target", ["test", "matrix", "gate", "stress", "bench"])
+def test_targets_that_need_the_venv_refuse_before_building_anything(tmp_path, target):
+    """Issue 14, item 5: in a clone without .venv, `make test` used to build .tools (88 MB) first."""
+    result = make(target, f"VENV={tmp_path / 'no-venv'}", f"TOOLS={tmp_path / 'tools'}")
+    assert result.returncode != 0
+    assert result.stderr.splitlines()[0] == f"error: {tmp_path / 'no-venv'} does not exist: run make apply first"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unapply_reinstalls_what_it_switched():
+    """Issue 14, item 6: `make unapply` may switch a checkout's version; the venv's metadata follows it."""
+    lines = make("-n", "unapply").stdout
+    assert "scripts.upstream unapply" in lines and "scripts.upstream install" in lines
+    assert lines.index("scripts.upstream unapply") < lines.index("scripts.upstream install")
