@@ -84,6 +84,11 @@ def base_sentence(name: str, entry: dict, table: dict) -> str:
             f"{checked['how']}).")
 
 
+def verb(n: int, one: str, many: str) -> str:
+    """The verb form that goes with ``n`` subjects."""
+    return one if n == 1 else many
+
+
 def gate_section(name: str, entry: dict, table: dict, patch_dir: Path, defined: dict[str, set[str]]) -> str:
     """Markdown: the base, the count sentence (new vs existing tests), one row per FAIL_TO_PASS test of the PR."""
     tests, prefix = entry["tests"], f"upstream/{name}/"
@@ -93,13 +98,14 @@ def gate_section(name: str, entry: dict, table: dict, patch_dir: Path, defined: 
     guards = [key for key in entry["PASS_TO_PASS"] if key.startswith(prefix)]
     new_guards = [key for key in guards if is_new(key.removeprefix(prefix), added, defined)]
     files = sorted({key.removeprefix(prefix).split("::")[0] for key in guards if key not in new_guards})
-    existing = (f"{plural(len(guards) - len(new_guards), 'existing test')} of "
-                f"{', '.join(f'`{f}`' for f in files)} (already in the release) pass in both stages" if files else
-                "no existing upstream test runs")
+    old = len(guards) - len(new_guards)
+    existing = (f"{plural(old, 'existing test')} of {', '.join(f'`{f}`' for f in files)} (already in the release) "
+                f"{verb(old, 'passes', 'pass')} in both stages" if files else "no existing upstream test runs")
     lines = [base_sentence(name, entry, table), "",
              f"*Before* = the release + only the tests of this PR, *after* = the release + this PR. "
-             f"{plural(len(own), 'new test')} of this PR fail before and pass after; "
-             f"{plural(len(new_guards), 'new test')} of this PR pass in both stages; {existing}; "
+             f"{plural(len(own), 'new test')} of this PR {verb(len(own), 'fails', 'fail')} before and "
+             f"{verb(len(own), 'passes', 'pass')} after; {plural(len(new_guards), 'new test')} of this PR "
+             f"{verb(len(new_guards), 'passes', 'pass')} in both stages; {existing}; "
              f"violations: {len(entry['violations'])}.", "",
              "| test | before | after |", "|---|---|---|"]
     lines += [f"| `{key.removeprefix(prefix)}` | {tests[key]['before']} | {tests[key]['after']} |" for key in own]
@@ -167,11 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
     parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)
+    parser.add_argument("--root", type=Path, default=sources.KIT_ROOT, help="the kit's clone (its origin: KIT_URL)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
     def work() -> int:
         try:
-            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, kit_url(os.environ))
+            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, kit_url(os.environ, args.root))
         except KitError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

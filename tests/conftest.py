@@ -1,3 +1,81 @@
-"""The kit's suite: the ``regression`` marker comes from the kit's pytest plugin."""
+"""The kit's suite: the ``regression`` marker comes from the kit's pytest plugin.
+
+``make test`` says what it tests: its first lines name each upstream's checkout as imported (version, branch,
+whether the series is applied: ``scripts.series.describe``), and when the series is not applied its last line says
+that the failures of tests marked ``regression`` are the bugs reproducing. DeepSpeed's mmap loader prints
+progress lines ("creating numpy buffer of mmap...") on every load, about 1,400 in a failing run; they are dropped.
+"""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = ["scripts.pytest_regression"]
+
+UPSTREAMS = ("deepspeed", "accelerate")
+MMAP_LOADER = "deepspeed.runtime.data_pipeline.data_sampling.indexed_dataset"
+CHECKOUTS = pytest.StashKey[dict]()
+
+
+def checkout_of(package: str) -> Path | None:
+    """The git work tree the package is imported from (None when it is not installed or not in a git checkout)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin:
+        return None
+    top = subprocess.run(["git", "-C", str(Path(spec.origin).parent), "rev-parse", "--show-toplevel"],
+                         capture_output=True, text=True)
+    return Path(top.stdout.strip()) if top.returncode == 0 else None
+
+
+def checkouts() -> dict[str, str]:
+    """{upstream: ``series.describe`` of the checkout it is imported from, or why there is none}."""
+    from scripts import KitError, series
+    from scripts.sources import KIT_ROOT
+
+    found = {}
+    for name in UPSTREAMS:
+        repo = checkout_of(name)
+        try:
+            found[name] = (f"{series.describe(repo, KIT_ROOT / 'patches' / name)} ({repo})" if repo else
+                           f"{name}: not installed from a checkout (run `make apply`)")
+        except KitError as e:
+            found[name] = f"{name}: {e}"
+    return found
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    config.stash[CHECKOUTS] = checkouts()
+    return ["checkouts under test:", *(f"  {line}" for line in config.stash[CHECKOUTS].values())]
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """After a run on checkouts without the series: which failures are the bugs reproducing, which are not."""
+    from scripts import plural
+
+    unapplied = [name for name, line in config.stash.get(CHECKOUTS, {}).items() if "series applied" not in line]
+    failed = terminalreporter.stats.get("failed", [])
+    if not unapplied or not failed:
+        return
+    bugs = [r for r in failed if dict(r.user_properties).get("regression", "").split("#")[0] in unapplied]
+    others = len(failed) - len(bugs)
+    terminalreporter.write_line(
+        f"the series is not applied on {', '.join(unapplied)}: {len(bugs)} of the {plural(len(failed), 'failure')} "
+        f"are tests marked `regression`, i.e. the bugs reproducing, not a broken kit"
+        + (f"; {plural(others, 'other failure')} not explained by that" if others else "")
+        + " (`make apply` applies the series)")
+
+
+@pytest.fixture(autouse=True)
+def quiet_mmap_loader(monkeypatch):
+    """Drop the progress lines that DeepSpeed's MMapIndexedDataset prints (indented ``print`` calls) while a test
+    runs; its other prints (errors) still go through."""
+    module = sys.modules.get(MMAP_LOADER)
+    if module is not None:
+        def quiet(*args, **kwargs):
+            if not (args and str(args[0]).startswith("    ")):
+                print(*args, **kwargs)
+
+        monkeypatch.setattr(module, "print", quiet, raising=False)

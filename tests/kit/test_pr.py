@@ -1,0 +1,105 @@
+"""`make pr` on the tiny upstream: both bodies or none, the kit linked, new tests told from existing ones.
+
+The series adds ``tests/test_fixed.py::test_value_is_two`` (FAIL_TO_PASS) and ``test_value_is_int`` (a new
+guard); ``tests/test_tiny.py::test_value`` is an existing upstream test. The gate report is written by hand
+with the shape scripts/gate.py writes.
+"""
+
+import json
+
+import pytest
+
+from scripts import pr
+from scripts.git import git, rev
+from tests.kit.test_safety import AUTHOR, two_upstreams
+
+NEW_TESTS = ("def test_value_is_two():\n    import tiny\n\n    assert tiny.VALUE == 2\n\n\n"
+             "def test_value_is_int():\n    import tiny\n\n    assert isinstance(tiny.VALUE, int)\n")
+F2P, NEW_P2P = "tests/test_fixed.py::test_value_is_two", "tests/test_fixed.py::test_value_is_int"
+OLD_P2P = "tests/test_tiny.py::test_value"
+
+
+def entry(repo, name: str, violations: list[str]) -> dict:
+    prefix = f"upstream/{name}/"
+    tests = {prefix + F2P: {"before": "failed", "after": "passed"}, prefix + NEW_P2P: {"before": "passed",
+             "after": "passed"}, prefix + OLD_P2P: {"before": "passed", "after": "passed"}}
+    return {"version": "1.0", "stages": {"after": {"commit": rev(repo)}}, "FAIL_TO_PASS": [prefix + F2P],
+            "PASS_TO_PASS": [prefix + NEW_P2P, prefix + OLD_P2P], "tests": tests, "violations": violations}
+
+
+@pytest.fixture
+def pr_kit(kit):
+    """Two upstreams (tiny, other) with the series applied, a template each, and a clean gate report."""
+    two_upstreams(kit)
+    assert kit.run("apply")[0] == 0
+    for name in ("tiny", "other"):
+        repo = kit.root / "upstream" / name
+        (repo / "tiny" / "__init__.py").write_text("VALUE = 2\n")
+        (repo / "tests" / "test_fixed.py").write_text(NEW_TESTS)
+        git(repo, "add", "--all")
+        git(repo, *AUTHOR, "commit", "--quiet", "--signoff", "--message", "Set VALUE to 2\n\nFixes #1")
+    assert kit.run("export")[0] == 0
+    (kit.root / "docs").mkdir()
+    for name in ("tiny", "other"):
+        (kit.root / "docs" / f"{name}.md").write_text("# Fix\n\n{gate}\n\n## Reproduce\n\n{reproduce}\n")
+    report = {"upstreams": {name: entry(kit.root / "upstream" / name, name, []) for name in ("tiny", "other")}}
+    (kit.root / "report.json").write_text(json.dumps(report))
+    return kit
+
+
+def run_pr(kit, monkeypatch, url: str | None = "https://github.com/someone/kit") -> int:
+    if url is None:
+        monkeypatch.delenv("KIT_URL", raising=False)
+    else:
+        monkeypatch.setenv("KIT_URL", url)
+    return pr.main([f"--docs={kit.root / 'docs'}", f"--report={kit.root / 'report.json'}", f"--out={kit.root / 'out'}",
+                    f"--checkouts={kit.root / 'upstream'}", f"--patches={kit.root / 'patches'}",
+                    f"--sources={kit.root / 'sources.toml'}", f"--root={kit.root}"])
+
+
+def test_body_links_the_kit_and_tells_new_tests_from_existing_ones(pr_kit, monkeypatch):
+    assert run_pr(pr_kit, monkeypatch) == 0
+    body = (pr_kit.root / "out" / "tiny.md").read_text()
+    assert "1 new test of this PR fails before and passes after; 1 new test of this PR passes in both stages; " \
+           "1 existing test of `tests/test_tiny.py` (already in the release) passes in both stages" in body
+    assert "With the contribution kit, https://github.com/someone/kit " in body
+    assert "git clone https://github.com/someone/kit && cd kit" in body
+    assert "Base: the release tag `v1.0`" in body and "not checked against the default branch" in body
+
+
+def test_default_branch_check_is_reported(pr_kit, monkeypatch):
+    with open(pr_kit.root / "sources.toml", "a") as f:
+        f.write('[tiny.default_branch]\nbranch = "main"\ncommit = "0123456789abcdef"\ncommitted = "2026-01-02"\n'
+                'checked = "2026-01-03"\napplies = true\nhow = "`git am --3way`"\n')
+    assert run_pr(pr_kit, monkeypatch) == 0
+    assert ("also applies to the default branch `main` as of commit `0123456789ab` (committed 2026-01-02; checked "
+            "2026-01-03 with `git am --3way`)") in (pr_kit.root / "out" / "tiny.md").read_text()
+
+
+def test_both_bodies_or_none(pr_kit, monkeypatch, capsys):
+    report = json.loads((pr_kit.root / "report.json").read_text())
+    report["upstreams"]["tiny"]["violations"] = ["tiny x: FAIL_TO_PASS test passed before the series"]
+    (pr_kit.root / "report.json").write_text(json.dumps(report))
+    assert run_pr(pr_kit, monkeypatch) == 1
+    assert not (pr_kit.root / "out").exists()
+    assert "no clean result for tiny" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("origin, expected", [
+    ("git@github.com:someone/kit.git", "https://github.com/someone/kit"),
+    ("https://github.com/someone/kit.git", "https://github.com/someone/kit"),
+])
+def test_kit_url_from_origin(tmp_path, origin, expected):
+    git(tmp_path, "init", "--quiet")
+    git(tmp_path, "remote", "add", "origin", origin)
+    assert pr.kit_url({}, tmp_path) == expected
+
+
+def test_no_usable_url_is_refused_before_anything_is_written(pr_kit, monkeypatch, capsys):
+    git(pr_kit.root, "init", "--quiet")
+    git(pr_kit.root, "remote", "add", "origin", "/work/main")
+    assert run_pr(pr_kit, monkeypatch, url=None) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "origin is /work/main, not a public URL" in err and "KIT_URL=" in err
+    assert not (pr_kit.root / "out").exists()
+
