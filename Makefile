@@ -47,7 +47,7 @@ help: ## list the targets and variables
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
 	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
-	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N GATE_JOBS BENCH_ARGS"
+	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N GATE_JOBS BENCH_ARGS KIT_URL (make pr)"
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }

@@ -10,9 +10,9 @@ The prose of each body is written by people in ``docs/pr/<name>.md``; this fills
   kit's git remote ``origin`` (``git remote get-url origin``); a local path is not a usable link.
 
 Every body is checked before any is written (both bodies or none): the report exists, has no violation for
-that upstream, and its *after* stage tested the tree of the checkout's HEAD; the kit's URL is usable. Raises KitError (exit 1,
-one line) otherwise. A test is *new* when its function is a ``def test_...`` that the series adds (``+`` lines of
-``patches/<name>/``), found as the longest such name that the test's name starts with.
+that upstream, and its *after* stage tested the tree of the checkout's HEAD; the kit's URL is usable. Raises
+KitError (exit 1, one line) otherwise. A test is *new* when its function is a ``def test_...`` that the series
+adds (``+`` lines of ``patches/<name>/``), found as the longest such name that the test's name starts with.
 """
 
 import argparse
@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> int:
         try:
-            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, kit_url(os.environ, args.root))
+            url = kit_url(os.environ, args.root)
+            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, url)
         except KitError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -61,7 +61,7 @@ def inside_run() -> bool:
 
 @contextlib.contextmanager
 def hold(name: str, path: Path | None = None):
-    """Hold the kit's lock at ``path`` (default LOCK_FILE) while the block runs; a no-op inside a run that holds it already.
+    """Hold the kit's lock at ``path`` (default LOCK_FILE) while the block runs; a no-op inside a run holding it.
 
     ``name`` says what runs (``make gate``); it is written with the pid into the file for the next run's message.
     Raises KitError (one line: who holds it) when another run holds the lock.

@@ -339,6 +339,7 @@ def describe(repo: Path, patch_dir: Path) -> str:
         state = f"{plural(above, 'commit')} above the base that {patch_dir.name} patches do not hold (`make export`)"
     else:
         state = "series not applied" if not above else "another series applied"
-    extras = [f"{plural(len(uncommitted(repo)), 'uncommitted change')}"] if uncommitted(repo) else []
-    extras += [f"{operation} in progress" for name, operation in IN_PROGRESS.items() if (repo / ".git" / name).exists()]
+    dirty = uncommitted(repo)
+    extras = [plural(len(dirty), "uncommitted change")] if dirty else []
+    extras += [f"{doing} in progress" for name, doing in IN_PROGRESS.items() if (repo / ".git" / name).exists()]
     return f"{repo.name} {version} {where}: {', '.join([state, *extras])}"

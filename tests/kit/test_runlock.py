@@ -130,3 +130,16 @@ def test_unapply_reinstalls_what_it_switched():
     lines = make("-n", "unapply").stdout
     assert "scripts.upstream unapply" in lines and "scripts.upstream install" in lines
     assert lines.index("scripts.upstream unapply") < lines.index("scripts.upstream install")
+
+
+def test_interrupt_probe_counts_what_a_run_leaves_and_the_wrapper_leaves_nothing(tmp_path):
+    """scripts/interrupt_probe.py, the measurement of issue 14: a bare command leaves its orphan, the wrapper not."""
+    env = {k: v for k, v in os.environ.items() if k != runlock.ENV}
+    orphaning = ["sh", "-c", "setsid sleep 30 & sleep 3"]
+    probe = [sys.executable, "-m", "scripts.interrupt_probe", "--points=1", "--duration=2", "--grace=1", "--"]
+    bare = subprocess.run([*probe, *orphaning], cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert bare.returncode == 1 and "1 process" in bare.stdout.splitlines()[-1], bare.stdout
+    lock = f"import sys; from pathlib import Path; from scripts import runlock; runlock.LOCK_FILE = Path({str(tmp_path / 'l')!r}); sys.exit(runlock.main())"  # noqa: E501
+    wrapped = subprocess.run([*probe, sys.executable, "-c", lock, "--name=x", "--", *orphaning], cwd=KIT_ROOT,
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert wrapped.returncode == 0 and "0 processes left in total" in wrapped.stdout, wrapped.stdout
