@@ -46,3 +46,34 @@ def test_misformatted_unsigned_patch_fails(kit, capsys, problem):
     code, out = lint_series(kit, capsys, "VALUE=[1,\n  2]  \n", "x" * 80)
     assert code == 1
     assert problem in out, out
+
+
+def run_lint(kit, capsys) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = lint.main(["--only=tiny", "--ready", f"--sources={kit.root / 'sources.toml'}",
+                      f"--checkouts={kit.root / 'upstream'}", f"--patches={kit.root / 'patches'}"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_hint_names_a_command_that_works_in_that_state(kit, capsys):
+    """Issue 14, item 5: the hint was `make apply (or make export)`, and export failed off the series branch."""
+    assert kit.run("apply")[0] == 0
+    git(kit.repo, "-c", "user.name=A", "-c", "user.email=a@example.com", "commit", "--quiet", "--allow-empty",
+        "--message", "mine")
+    code, _, err = run_lint(kit, capsys)
+    assert code == 1 and "run `make export`" in err
+    assert kit.run("export")[0] == 0, "the hint works"
+    assert kit.run("unapply")[0] == 0
+    code, _, err = run_lint(kit, capsys)
+    assert code == 1 and "run `make apply` first" in err and "make export" not in err
+    assert kit.run("apply")[0] == 0, "the hint works"
+    assert run_lint(kit, capsys)[0] == 0
+
+
+def test_problem_lines_follow_their_summary_in_the_singular(kit, capsys):
+    code, out = lint_series(kit, capsys, "# tiny\nVALUE = 2\n", "Set VALUE to 2\n\nThe value was wrong.\n\n"
+                            "Signed-off-by: A U Thor <author@example.com>")
+    assert code == 1
+    assert out.splitlines()[:2] == ["lint tiny 1.0: 1 problem",
+                                    "  patches/tiny/0001-Set-VALUE-to-2.patch: no `Fixes #N` line"]

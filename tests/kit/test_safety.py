@@ -201,3 +201,34 @@ def test_describe_names_version_branch_and_series(kit):
                                                       "patches do not hold (`make export`)")
     shutil.rmtree(kit.repo)
     assert series.describe(kit.repo, kit.patches) == "tiny: no checkout (run `make apply`)"
+
+
+def test_installed_metadata_follows_a_version_switch(kit, tmp_path):
+    """Issue 14, item 6: after `make unapply` (or apply) puts another version on disk, its install step makes the
+    venv's metadata say that version (`make unapply` runs `install` after it: tests/kit/test_runlock.py)."""
+    add_version_2(kit)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    # pip and a setuptools that builds editable installs without `wheel`: the kit's own venv's, after the venv's own.
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "kit-tools.pth").write_text(next(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    python = str(venv / "bin" / "python")
+    options = f"--pip-options=--no-index --find-links {kit.index} --no-build-isolation"
+    args = [f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
+            f"--patches={kit.root / 'patches'}", f"--cache={kit.cache}", options]
+
+    def installed() -> str:
+        code = "from importlib import metadata; print(metadata.version('tiny'))"
+        return subprocess.run([python, "-c", code], capture_output=True, text=True, cwd=tmp_path).stdout.strip()
+
+    def install(*more: str) -> None:
+        result = subprocess.run([python, "-m", "scripts.upstream", "install", *args, *more], cwd=sources.KIT_ROOT,
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+
+    assert kit.run("apply")[0] == 0 and kit.run("apply", "--version=tiny=2.0")[0] == 0
+    install("--version=tiny=2.0")
+    assert installed() == "2.0"
+    assert kit.run("unapply")[0] == 0, "back on base/1.0, as a plain `make unapply` after an apply of 2.0 does"
+    install()
+    assert installed() == "1.0"
