@@ -9,7 +9,9 @@ Commands (each acts on every upstream in ``upstream/sources.toml``, or on ``--on
             (``--resign``: first re-signed with your git identity)
   install   editable installs of the checkouts into the running Python (skipped when already in place)
 
-Exit status 0 on success; 1 with one line ``error: ...`` on stderr when something needs the user.
+Every command checks all the selected upstreams before it changes any (all or nothing; an error says which
+were changed when one fails half-way). Exit status 0 on success; 1 with one line ``error: ...`` on stderr when
+something needs the user; 130 after Ctrl-C, SIGTERM or SIGHUP (one line: where the checkouts are).
 """
 
 import argparse

@@ -41,6 +41,17 @@ def alive(pid: int) -> bool:
         return False
 
 
+def interrupt(proc: subprocess.Popen, sig: int, to_group: bool) -> tuple[list[int], str]:
+    """Send ``sig`` to ``proc``'s group (a terminal's Ctrl-C) or to ``proc`` alone (GNU make's SIGTERM); return the
+    processes that were below it and still live 1 s after it ended, and its stderr."""
+    below = launch.descendants(proc.pid)
+    assert below, "the command runs children"
+    (os.killpg if to_group else os.kill)(proc.pid, sig)
+    _, err = proc.communicate(timeout=30)
+    time.sleep(1)
+    return [pid for pid in below if alive(pid)], err
+
+
 def test_second_run_stops_with_one_line_naming_the_first(tmp_path):
     first = wrapper(tmp_path, "make gate", "sleep", "30")
     wait_for(lambda: "make gate" in (tmp_path / "run.lock").read_text() if (tmp_path / "run.lock").exists() else 0)
@@ -84,14 +95,8 @@ def test_interrupt_leaves_nothing_and_says_where_the_checkouts_are(tmp_path, sig
             "120).returncode))")
     run = wrapper(tmp_path, "make gate", sys.executable, "-c", code, start_new_session=True)
     wait_for(lambda: len(launch.descendants(run.pid)) >= 2)
-    below = launch.descendants(run.pid)
-    if to_group:
-        os.killpg(run.pid, sig)
-    else:
-        os.kill(run.pid, sig)
-    _, err = run.communicate(timeout=30)
-    time.sleep(0.5)
-    assert [pid for pid in below if alive(pid)] == []
+    left, err = interrupt(run, sig, to_group)
+    assert left == []
     assert "Traceback" not in err
     assert err.splitlines()[-1].startswith("make gate: interrupted (") and "; checkouts: " in err.splitlines()[-1]
 

@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-from scripts import launch, sources
+from scripts import sources
 from scripts.git import git, rev
 from tests.kit.conftest import TINY_FILES, make_tarball
+from tests.kit.test_runlock import interrupt
 from tests.kit.test_series import commit_fix
 
 AUTHOR = ["-c", "user.name=A U Thor", "-c", "user.email=author@example.com"]
@@ -170,17 +171,8 @@ def test_interrupted_apply_leaves_no_process_no_half_am_no_traceback(kit, sig, t
     while not (kit.repo / ".git" / "rebase-apply").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(0.3)
-    below = launch.descendants(proc.pid)
-    assert below, "git am and its hook run"
-    if to_group:
-        os.killpg(proc.pid, sig)
-    else:
-        os.kill(proc.pid, sig)
-    out, err = proc.communicate(timeout=20)
-    time.sleep(1)
-    alive = [pid for pid in below if os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status")
-             .read().lower()]
-    assert alive == []
+    left, err = interrupt(proc, sig, to_group)
+    assert left == []
     assert proc.returncode == 130
     assert "Traceback" not in err and err.count("\n") == 1
     assert err.startswith("interrupted; checkouts: tiny 1.0 detached at base/1.0: series not applied"), err
