@@ -40,7 +40,7 @@ UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED
 
 .DEFAULT_GOAL := help
 .PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix pr clean check-python \
-	need-venv lint-ready
+	need-venv lint-ready apply-ready
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -76,7 +76,11 @@ tools: $(TOOLS_STAMP) ## create .tools/ with the upstreams' style tools at their
 upstream: check-python ## make the pristine checkouts upstream/<name> (tag base/<version>) from sdists, or SOURCE=git
 	@$(call UPSTREAM,$(PYTHON),checkout)
 
-apply: $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
+# Checked before the venv is built: apply would not refuse on a checkout (uncommitted edits, unexported commits).
+apply-ready: check-python
+	@$(call UPSTREAM,$(PYTHON),apply) --check-only
+
+apply: apply-ready $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
 	@$(call UPSTREAM,$(PY),apply)
 	@$(call UPSTREAM,$(PY),install)
 

@@ -91,6 +91,11 @@ def matches(repo: Path, base: str, patch_dir: Path, tip: str = "HEAD") -> bool:
     return _exported(repo, base, tip) == {p.name: p.read_bytes() for p in patch_files(patch_dir)}
 
 
+def has_base(repo: Path, version: str) -> bool:
+    """True when ``repo`` is a git checkout that holds ``base/<version>``."""
+    return (repo / ".git").is_dir() and has_ref(repo, f"base/{version}")
+
+
 def require_base(repo: Path, version: str) -> str:
     """Return ``base/<version>``; raise KitError when the checkout does not hold that base yet."""
     base = f"base/{version}"

@@ -43,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--discard", action="store_true", help="unapply: drop commits that are not exported")
     parser.add_argument("--resign", action="store_true",
                         help="export: first make you (git's user.name/email) author and sole Signed-off-by")
+    parser.add_argument("--check-only", action="store_true",
+                        help="only the checks of the command on the checkouts that exist (make apply runs them "
+                             "before it builds the venv); nothing is downloaded or changed")
     parser.add_argument("--source", choices=["sdist", "git"], default="sdist",
                         help="where a missing base comes from: the pinned sdist, or the upstream's git tag")
     return parser.parse_args(argv)
@@ -94,8 +97,12 @@ def run(args: argparse.Namespace) -> list[str]:
         print(line, flush=True)
         lines.append(line)
 
+    if args.check_only:  # a checkout or base still to make holds nothing of the user's
+        pins = {name: pin for name, pin in pins.items() if series.has_base(args.checkouts / name, pin.version)}
     for name, pin in pins.items():
         repo, patch_dir = args.checkouts / name, args.patches / name
+        if args.check_only:
+            continue
         if args.command in ("checkout", "apply"):
             base = checkout.make_base(pin, repo, args.cache, pip_options, args.source)
             say(f"{name}: base/{pin.version} is {base[:12]}")
@@ -112,6 +119,8 @@ def run(args: argparse.Namespace) -> list[str]:
                 series.check_export(repo, pin.version)
     except KitError as e:
         raise KitError(f"{e}; nothing was changed") from None
+    if args.check_only:
+        return lines
     done = []
     try:
         for name, pin in pins.items():

@@ -224,3 +224,15 @@ def test_installed_metadata_follows_a_version_switch(kit, tmp_path):
     assert kit.run("unapply")[0] == 0, "back on base/1.0, as a plain `make unapply` after an apply of 2.0 does"
     install()
     assert installed() == "1.0"
+
+
+def test_apply_checks_only_change_nothing(kit):
+    """`make apply` runs `apply --check-only` before it builds the venv: a refusal costs nothing, a pass changes
+    nothing (a checkout still to make is skipped)."""
+    assert kit.run("apply", "--check-only")[0] == 0
+    assert not kit.repo.exists() and not kit.out
+    kit_made_series(kit)
+    commit_fix(kit, "6")
+    mine = rev(kit.repo)
+    code, err = kit.run("apply", "--check-only")
+    assert code == 1 and "holds commits that" in err and rev(kit.repo) == mine
