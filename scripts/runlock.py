@@ -128,17 +128,19 @@ def run(name: str, command: list[str]) -> int:
     """Run ``command`` under the lock as described in the module docstring; return its exit status."""
     with hold(name):
         token = str(os.getpid())
-        proc = subprocess.Popen(command, env={**os.environ, ENV: token})
+        started: list[subprocess.Popen] = []
         signalled: list[float] = []  # when each signal came
 
         def on_signal(signum, frame):
             signalled.append(time.monotonic())
-            if signum != signal.SIGINT:  # Ctrl-C reached the command from the terminal already
+            if signum != signal.SIGINT and started:  # Ctrl-C reached the command from the terminal already
                 with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
+                    started[0].send_signal(signal.SIGTERM)
 
-        previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}
+        previous = {sig: signal.signal(sig, on_signal) for sig in SIGNALS}  # before the command starts
         try:
+            proc = subprocess.Popen(command, env={**os.environ, ENV: token})
+            started.append(proc)
             while proc.poll() is None:
                 if signalled and time.monotonic() - signalled[0] > GRACE_S:
                     proc.send_signal(signal.SIGTERM)  # the command ignored the interrupt: the sweep ends it
@@ -146,7 +148,8 @@ def run(name: str, command: list[str]) -> int:
                 time.sleep(0.05)
         finally:
             left = sweep(token)
-            proc.wait()
+            for child in started:
+                child.wait()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         if signalled:
