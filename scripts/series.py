@@ -329,7 +329,7 @@ def describe(repo: Path, patch_dir: Path) -> str:
     E.g. ``deepspeed 0.19.8 on series/0.19.8: series applied (2 patches)``, ``accelerate 1.15.0 detached at
     base/1.15.0: series not applied``; plus ``, 2 uncommitted changes`` or ``, git am in progress``.
     """
-    if not (repo / ".git").is_dir():
+    if not (repo / ".git").exists():  # a directory in a checkout, a file in a `git worktree`
         return f"{repo.name}: no checkout (run `make apply`)"
     version = version_of(repo)
     if not version:
@@ -346,5 +346,6 @@ def describe(repo: Path, patch_dir: Path) -> str:
         state = "series not applied" if not above else "another series applied"
     dirty = uncommitted(repo)
     extras = [plural(len(dirty), "uncommitted change")] if dirty else []
-    extras += [f"{doing} in progress" for name, doing in IN_PROGRESS.items() if (repo / ".git" / name).exists()]
+    git_dir = Path(repo, git(repo, "rev-parse", "--git-dir").stdout.strip())
+    extras += [f"{doing} in progress" for name, doing in IN_PROGRESS.items() if (git_dir / name).exists()]
     return f"{repo.name} {version} {where}: {', '.join([state, *extras])}"
