@@ -48,11 +48,17 @@ def run_once(command: list[str], run_id: str, at: float | None, sig: int, grace:
         proc = subprocess.Popen(command, env={**os.environ, ENV: run_id}, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True, cwd=sources.KIT_ROOT)
         sent = False
-        while proc.poll() is None:
-            if at is not None and not sent and time.monotonic() - started >= at:
-                (os.killpg if sig == signal.SIGINT else os.kill)(proc.pid, sig)
-                sent = True
-            time.sleep(0.05)
+        try:
+            while proc.poll() is None:
+                if at is not None and not sent and time.monotonic() - started >= at:
+                    (os.killpg if sig == signal.SIGINT else os.kill)(proc.pid, sig)
+                    sent = True
+                time.sleep(0.05)
+        except BaseException:  # the probe itself interrupted: its run, in a session of its own, goes too
+            for pid in processes_of(run_id):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise
     ended = time.monotonic() - started
     time.sleep(grace)
     left = processes_of(run_id)
@@ -66,6 +72,7 @@ def run_once(command: list[str], run_id: str, at: float | None, sig: int, grace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Entry point (see the module docstring); exit status 0 when no point left a process."""
     parser = argparse.ArgumentParser(prog="python -m scripts.interrupt_probe", description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, default=10)
     parser.add_argument("--signal", default="INT", choices=["INT", "TERM", "HUP"])
