@@ -33,8 +33,9 @@ TOOLS := .tools
 TOOLS_STAMP := $(TOOLS)/.kit-tools
 NEED_VENV = test -x $(PY) || { echo "error: $(VENV) does not exist: run make apply first" >&2; exit 1; }
 # Every recipe that reads or writes the checkouts, the venvs or build/ runs under the kit's lock: one run at a
-# time, and no process of it left behind after it ends or is interrupted (scripts/runlock.py).
-LOCK = $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --
+# time, and no process of it left behind after it ends or is interrupted (scripts/runlock.py). `exec`: the shell
+# of the recipe line becomes the wrapper, so the SIGTERM that GNU make sends its child reaches the wrapper.
+LOCK = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --
 UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 

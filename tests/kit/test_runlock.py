@@ -5,6 +5,7 @@ of a killed run's lock, the sweep of processes that left the run's process tree,
 interrupt, the check for .venv before .tools is built.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -148,3 +149,26 @@ def test_interrupt_probe_counts_what_a_run_leaves_and_the_wrapper_leaves_nothing
     wrapped = subprocess.run([*probe, sys.executable, "-c", lock, "--name=x", "--", *orphaning], cwd=KIT_ROOT,
                              env=env, capture_output=True, text=True, timeout=60)
     assert wrapped.returncode == 0 and "0 processes left in total" in wrapped.stdout, wrapped.stdout
+
+
+def test_sigterm_to_make_reaches_the_run(tmp_path):
+    """GNU make sends SIGTERM to its child only, the recipe's shell; the shell must not leave the command behind."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'pid'}\nexec sleep 60\n")
+    (venv / "bin" / "python").chmod(0o755)
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / ".kit-tools").touch()  # newer than requirements/tools.txt: .tools counts as made
+    env = {**{k: v for k, v in os.environ.items() if k != runlock.ENV}, "KIT_LOCK": str(tmp_path / "run.lock")}
+    run = subprocess.Popen(["make", "--no-print-directory", "-C", str(KIT_ROOT), "test", f"VENV={venv}",
+                            f"TOOLS={tmp_path / 'tools'}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env=env)
+    wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip())
+    command = int((tmp_path / "pid").read_text())
+    run.send_signal(signal.SIGTERM)
+    run.wait(timeout=30)
+    try:
+        wait_for(lambda: not alive(command), seconds=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(command, signal.SIGKILL)
