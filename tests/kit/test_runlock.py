@@ -20,11 +20,14 @@ from scripts.sources import KIT_ROOT
 
 def wrapper(tmp_path, name: str, *command: str, **popen) -> subprocess.Popen:
     """Start ``python -m scripts.runlock`` outside any run of the kit, with its lock file in ``tmp_path``."""
-    env = {k: v for k, v in os.environ.items() if k != runlock.ENV}
-    code = (f"import sys; from pathlib import Path; from scripts import runlock; "
-            f"runlock.LOCK_FILE = Path({str(tmp_path / 'run.lock')!r}); sys.exit(runlock.main())")
-    return subprocess.Popen([sys.executable, "-c", code, "--name", name, "--", *command], cwd=KIT_ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen([sys.executable, "-m", "scripts.runlock", "--name", name, "--", *command], cwd=KIT_ROOT,
+                            env=outside_run(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **popen)
+
+
+def outside_run(tmp_path) -> dict:
+    """The environment of a command started by hand: no KIT_RUN, and a lock file of its own (KIT_LOCK)."""
+    return {**{k: v for k, v in os.environ.items() if k != runlock.ENV}, "KIT_LOCK": str(tmp_path / "run.lock")}
 
 
 def wait_for(condition, seconds: float = 20) -> None:
@@ -140,14 +143,13 @@ def test_unapply_reinstalls_what_it_switched():
 
 def test_interrupt_probe_counts_what_a_run_leaves_and_the_wrapper_leaves_nothing(tmp_path):
     """scripts/interrupt_probe.py, the measurement of issue 14: a bare command leaves its orphan, the wrapper not."""
-    env = {k: v for k, v in os.environ.items() if k != runlock.ENV}
+    env = outside_run(tmp_path)
     orphaning = ["sh", "-c", "setsid sleep 30 & sleep 3"]
     probe = [sys.executable, "-m", "scripts.interrupt_probe", "--points=1", "--duration=2", "--grace=1", "--"]
     bare = subprocess.run([*probe, *orphaning], cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert bare.returncode == 1 and "1 process" in bare.stdout.splitlines()[-1], bare.stdout
-    lock = f"import sys; from pathlib import Path; from scripts import runlock; runlock.LOCK_FILE = Path({str(tmp_path / 'l')!r}); sys.exit(runlock.main())"  # noqa: E501
-    wrapped = subprocess.run([*probe, sys.executable, "-c", lock, "--name=x", "--", *orphaning], cwd=KIT_ROOT,
-                             env=env, capture_output=True, text=True, timeout=60)
+    wrapped = subprocess.run([*probe, sys.executable, "-m", "scripts.runlock", "--name=x", "--", *orphaning],
+                             cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert wrapped.returncode == 0 and "0 processes left in total" in wrapped.stdout, wrapped.stdout
 
 
@@ -159,10 +161,9 @@ def test_sigterm_to_make_reaches_the_run(tmp_path):
     (venv / "bin" / "python").chmod(0o755)
     (tmp_path / "tools").mkdir()
     (tmp_path / "tools" / ".kit-tools").touch()  # newer than requirements/tools.txt: .tools counts as made
-    env = {**{k: v for k, v in os.environ.items() if k != runlock.ENV}, "KIT_LOCK": str(tmp_path / "run.lock")}
     run = subprocess.Popen(["make", "--no-print-directory", "-C", str(KIT_ROOT), "test", f"VENV={venv}",
                             f"TOOLS={tmp_path / 'tools'}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           env=env)
+                           env=outside_run(tmp_path))
     wait_for(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip())
     command = int((tmp_path / "pid").read_text())
     run.send_signal(signal.SIGTERM)
