@@ -73,8 +73,8 @@ def is_new(key: str, added: dict[str, set[str]], defined: dict[str, set[str]]) -
 def base_sentence(name: str, entry: dict, table: dict) -> str:
     """Markdown: the base is the release tag; whether and when the series was checked on the default branch."""
     tag = table.get("tag", "v{version}").format(version=entry["version"])
-    text = (f"Base: the release tag `{tag}` ({name} {entry['version']}, built from its PyPI sdist, whose tree the "
-            f"kit checks against the pinned sha256).")
+    text = (f"Base: the release tag `{tag}` ({name} {entry['version']}; the kit builds it from the release's PyPI "
+            f"sdist, pinned by sha256, or with `SOURCE=git` takes the tag itself).")
     checked = table.get("default_branch")
     if not checked:
         return text + " The series was not checked against the default branch."
