@@ -201,7 +201,7 @@ def _failed_patch(output: str, patches: list[Path]) -> str:
 def _failed_file(output: str) -> str:
     """Return ' (file: PATH)' for the first file git am names as failing, or '' when it names none."""
     for pattern in (r"error: patch failed: ([^:\n]+):", r"Merge conflict in (\S+)", r"error: ([^:\n]+): does not",
-                    r"lacking or useless \(([^)\n]+)\)"):
+                    r"lacking or useless \(([^)\n]+)\)", r"Applied patch to '([^'\n]+)' with conflicts"):
         found = re.search(pattern, output)
         if found:
             return f" (file: {found.group(1)})"

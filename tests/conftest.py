@@ -18,6 +18,7 @@ pytest_plugins = ["scripts.pytest_regression"]
 UPSTREAMS = ("deepspeed", "accelerate")
 MMAP_LOADER = "deepspeed.runtime.data_pipeline.data_sampling.indexed_dataset"
 CHECKOUTS = pytest.StashKey[dict]()
+VERDICT = pytest.StashKey[str]()
 
 
 def checkout_of(package: str) -> Path | None:
@@ -52,7 +53,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """After a run on checkouts without the series: which failures are the bugs reproducing, which are not."""
+    """After a run on checkouts without the series: which failures are the bugs reproducing, which are not (kept for
+    ``pytest_unconfigure``, which prints it last)."""
     from scripts import plural
 
     unapplied = [name for name, line in config.stash.get(CHECKOUTS, {}).items() if "series applied" not in line]
@@ -61,11 +63,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         return
     bugs = [r for r in failed if dict(r.user_properties).get("regression", "").split("#")[0] in unapplied]
     others = len(failed) - len(bugs)
-    terminalreporter.write_line(
+    config.stash[VERDICT] = (
         f"the series is not applied on {', '.join(unapplied)}: {len(bugs)} of the {plural(len(failed), 'failure')} "
         f"are tests marked `regression`, i.e. the bugs reproducing, not a broken kit"
         + (f"; {plural(others, 'other failure')} not explained by that" if others else "")
         + " (`make apply` applies the series)")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The explanation of the failures is the run's last line, after pytest's own counts."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and config.stash.get(VERDICT, ""):
+        reporter.write_line(config.stash[VERDICT])
 
 
 @pytest.fixture(autouse=True)
