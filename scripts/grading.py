@@ -96,7 +96,7 @@ def first_line(result: Result | None) -> str:
 def reason(result: Result | None) -> str:
     """Why a test failed, in one line: its assertion message without the ``AssertionError:`` / ``assert`` prefix."""
     line = first_line(result)
-    return re.sub(r"^(AssertionError: |assert )", "", line).strip()
+    return re.sub(r"^(AssertionError: )?(assert )?", "", line).strip()
 
 
 def problems_of(contract: str, b: Result | None, a: Result | None) -> list[str]:

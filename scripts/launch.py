@@ -14,6 +14,8 @@ worker's stacks.
 """
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -25,6 +27,15 @@ from pathlib import Path
 SITE = Path(__file__).resolve().with_name("launch_site")  # holds the sitecustomize.py described above
 DUMP_WAIT = 2.0  # seconds a process gets to write its stacks after SIGUSR1
 POLL = 0.05  # seconds between two looks at the running launches
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """In the child, between fork and exec: SIGKILL it when the thread that started it dies, so that a launcher
+    killed by SIGKILL (which it cannot catch) leaves no launch behind (its descendants below go with their own
+    parents where they were started the same way, or fail at their next collective)."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def descendants(pid: int) -> list[int]:
@@ -192,7 +203,7 @@ def run_all(jobs: list[Job], parallel: int) -> list[Launch]:
                     try:
                         proc = subprocess.Popen(job.command, stdout=out, stderr=subprocess.STDOUT,
                                                 stdin=subprocess.DEVNULL, cwd=job.cwd, env=site_env(job.env),
-                                                start_new_session=True)
+                                                start_new_session=True, preexec_fn=die_with_parent)
                     except BaseException:
                         out.close()
                         raise
