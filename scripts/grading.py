@@ -253,11 +253,12 @@ def upstream_markdown(name: str, u: dict) -> list[str]:
     times = [f"{s} {stages[s]['wall_s']} s" for s in ("before", "after") if "wall_s" in stages.get(s, {})]
     if times:
         md += ["", "Stage wall times: " + ", ".join(times) + "."]
-    for stage, seen in u["imports"].items():
-        where = "its own work tree" if not seen.get("outside") else "**elsewhere too**"
-        md.append(f"Imports {stage}: {seen.get('modules', 0)} `{name}` modules in {seen.get('processes', 0)} "
-                  f"processes, all from {where}." if not seen.get("outside") else
-                  f"Imports {stage}: modules from {where}: " + ", ".join(f"`{m}`" for m in seen["outside"][:5]))
+    if u["imports"]:
+        counts = "; ".join(f"{stage}: {seen.get('modules', 0)} modules in {seen.get('processes', 0)} processes"
+                           for stage, seen in u["imports"].items())
+        outside = [module for seen in u["imports"].values() for module in seen.get("outside", [])]
+        md.append(f"`{name}` imported ({counts}): " + ("every module from the stage's own work tree." if not outside
+                  else "**also from outside it**: " + ", ".join(f"`{m}`" for m in outside[:5])))
     if u["violations"]:
         md += ["", "Violations:", ""]
         links = {key: r["excerpt"] for key, r in u["tests"].items() if "excerpt" in r}
