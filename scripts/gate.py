@@ -329,7 +329,9 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
         setattr(g, stage, mine)
         g.imports[stage] = check_imports(up, stage, done[stage]["records"])
         g.stages[stage] = {"commit": up.commits.get(stage, ""), "wall_s": done[stage]["launch"].seconds,
-                           "tests_s": round(sum(r.seconds for r in mine.values()), 1),
+                           "kit_tests_s": round(sum(r.seconds for k, r in mine.items() if k.startswith(kit_prefix)), 1),
+                           "upstream_tests_s": round(sum(r.seconds for k, r in mine.items()
+                                                         if not k.startswith(kit_prefix)), 1),
                            "log": f"{stage}/pytest.log"}
     g.problems = up.problems
     return g
