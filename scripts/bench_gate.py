@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import launch, sources
-from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, run_child, runs_cell
+from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, runs_cell
 from scripts.checkout import git, rev
 
 REPRO_SAMPLES = 96  # bench_child.repro_accelerate
@@ -257,4 +257,5 @@ def cold_apply_markdown(c: dict) -> list[str]:
     """The report's section of item 5."""
     return ["## Cold `make apply` (item 5)", "",
             f"Fresh `git clone` of the kit at `{c['commit'][:12]}` (committed files only) in a temporary directory, "
-            f"then `make apply` (pip's own cache as it is): {c['seconds']:.0f} s (runs: {runs_cell(c['runs'], 0)}).", ""]
+            f"then `make apply` (pip's own cache as it is): {c['seconds']:.0f} s (runs: {runs_cell(c['runs'], 0)}).",
+            ""]

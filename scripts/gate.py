@@ -168,9 +168,9 @@ def prepare(up: Upstream, root: Path) -> None:
             if result.returncode != 0:
                 output = result.stdout + result.stderr
                 git(after, "am", "--abort", check=False)
-                up.problems.append(f"{up.pin.name}: the series does not apply to {up.pin.version} "
-                                   f"({series._failed_patch(output, patches)}{series._failed_file(output)}); a release can "
-                                   "declare check = \"fix\" in upstream/sources.toml")
+                where = f"{series._failed_patch(output, patches)}{series._failed_file(output)}"
+                up.problems.append(f"{up.pin.name}: the series does not apply to {up.pin.version} ({where}); a "
+                                   "release can declare check = \"fix\" in upstream/sources.toml")
     up.commits = {stage: rev(up.trees[stage]) for stage in STAGES}
 
 
@@ -314,6 +314,11 @@ def series_source(patches: Path) -> dict:
     return {"kit_commit": head.stdout.strip(), "uncommitted": [line[3:] for line in status]}
 
 
+def seconds(results) -> float:
+    """The sum of the JUnit durations of ``results`` (s), rounded to 0.1."""
+    return round(sum(r.seconds for r in results), 1)
+
+
 def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstream:
     """The grading record of ``up``: its results of both stages, declared ids, imports, times."""
     kit_prefix = f"{os.path.relpath(suites / up.pin.name, root)}/"
@@ -329,9 +334,8 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
         setattr(g, stage, mine)
         g.imports[stage] = check_imports(up, stage, done[stage]["records"])
         g.stages[stage] = {"commit": up.commits.get(stage, ""), "wall_s": done[stage]["launch"].seconds,
-                           "kit_tests_s": round(sum(r.seconds for k, r in mine.items() if k.startswith(kit_prefix)), 1),
-                           "upstream_tests_s": round(sum(r.seconds for k, r in mine.items()
-                                                         if not k.startswith(kit_prefix)), 1),
+                           "kit_tests_s": seconds(r for k, r in mine.items() if k.startswith(kit_prefix)),
+                           "upstream_tests_s": seconds(r for k, r in mine.items() if not k.startswith(kit_prefix)),
                            "log": f"{stage}/pytest.log"}
     g.problems = up.problems
     return g

@@ -283,7 +283,8 @@ def markdown(doc: dict) -> str:
     series = doc.get("series", {})
     uncommitted = series.get("uncommitted") or []
     md = ["# Gate report", "",
-          f"Verdict: **{doc['verdict'].upper()}** (wall time {doc.get('wall_s', '-')} s; environment: {versions}).", "",
+          f"Verdict: **{doc['verdict'].upper()}** (wall time {doc.get('wall_s', '-')} s; environment: {versions}).",
+          "",
           "The series judged are the files of `patches/<name>/` in the kit (commit "
           f"`{series.get('kit_commit', '')[:12] or 'unknown'}`"
           + (f", with uncommitted changes to {', '.join(f'`{p}`' for p in uncommitted)}" if uncommitted else "")

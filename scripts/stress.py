@@ -7,6 +7,11 @@ is the code under test: ``checkouts`` (default: the editable installs, the check
 tree of each upstream at ``base/<version>``) or ``series`` (a work tree with ``patches/<name>/`` applied), the
 trees first on ``PYTHONPATH`` as in the gate.
 
+With ``--scenario NAME`` (repeatable) a run is instead one 2-process launch of
+``tests/accelerate/accelerate_worker.py`` with only those scenarios (no pytest; timeout SCENARIO_TIMEOUT): a
+scenario passed when both ranks wrote its result, failed when a rank recorded an exception, timed out when the
+launch was killed before both ranks wrote it.
+
 Each run's JUnit XML is read; a test whose failure says that a launch timed out counts as a timeout, not a
 failure. Every launch of a run that timed out (a ``launch.json`` with ``"timed_out": true`` under the run's pytest
 temporary directory, as tests/accelerate writes it) is listed with the last scenario each rank finished (its
@@ -24,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -33,6 +37,8 @@ from scripts.checkout import git, rev
 from scripts.sources import KIT_ROOT
 
 RUN_TIMEOUT = 900.0  # seconds of one pytest run
+SCENARIO_TIMEOUT = 120.0  # seconds of one launch of chosen scenarios; a healthy one takes a few seconds
+WORKER = KIT_ROOT / "tests" / "accelerate" / "accelerate_worker.py"
 TIMED_OUT = re.compile(r"'timed_out': True|timed out after")  # tests/accelerate's and pytest_launch's words
 
 
@@ -93,6 +99,25 @@ def hung_launches(tmp: Path, run: int, out: Path) -> list[dict]:
     return hung
 
 
+def run_scenarios(scenarios: list[str], run: int, out: Path, env: dict) -> tuple[dict[str, str], float, list[dict]]:
+    """One launch of the worker with ``scenarios``: ({scenario: passed|failed|timeout}, wall s, hung launches)."""
+    directory = out / "runs" / f"{run}-tmp" / "accelerate-scenarios"
+    directory.mkdir(parents=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER),
+               str(directory), *scenarios]
+    result = launch.run(command, directory / "launch.log", SCENARIO_TIMEOUT, cwd=directory,
+                        env={**env, "OMP_NUM_THREADS": "1"})
+    (directory / "launch.json").write_text(json.dumps({"timed_out": result.timed_out}))
+    outcomes = {}
+    for scenario in scenarios:
+        files = [directory / f"{scenario}.rank{rank}.json" for rank in (0, 1)]
+        if not all(f.exists() for f in files):
+            outcomes[scenario] = "timeout" if result.timed_out else "failed"
+        else:
+            outcomes[scenario] = "failed" if any("error" in json.loads(f.read_text()) for f in files) else "passed"
+    return outcomes, result.seconds, hung_launches(directory.parent, run, out)
+
+
 def classify(result: grading.Result) -> str:
     """``passed``, ``timeout`` (the failure says a launch timed out), ``failed``, ``error`` or ``skipped``."""
     if result.outcome != "passed" and TIMED_OUT.search(result.message + result.text):
@@ -108,6 +133,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the code under test (default: the checkouts as they are)")
     parser.add_argument("--jobs", default="auto", help="pytest-xdist workers per run ('0': none)")
     parser.add_argument("--out", type=Path, default=KIT_ROOT / "build" / "stress")
+    parser.add_argument("--scenario", action="append", default=[],
+                        help="launch tests/accelerate's worker with only this scenario (repeatable), without pytest")
     parser.add_argument("paths", nargs="*", default=["tests/accelerate"])
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
@@ -128,6 +155,15 @@ def main(argv: list[str] | None = None) -> int:
             env["PYTHONPATH"] = os.pathsep.join([*(str(path) for path, _ in under_test.values()), str(KIT_ROOT)])
         with cpu_load(args.load):
             for run in range(1, args.repeat + 1):
+                if args.scenario:
+                    outcomes, seconds, found = run_scenarios(args.scenario, run, args.out, env)
+                    walls.append(seconds)
+                    hung += found
+                    for scenario, outcome in outcomes.items():
+                        counts.setdefault(scenario, Counter())[outcome] += 1
+                    print(f"stress run {run}/{args.repeat}: " + ", ".join(f"{k} {v}" for k, v in outcomes.items())
+                          + f" in {seconds} s", flush=True)
+                    continue
                 xml, tmp = args.out / "runs" / f"{run}.xml", args.out / "runs" / f"{run}-tmp"
                 command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_regression",
                            "-o", "junit_family=xunit1", f"--junitxml={xml}", f"--basetemp={tmp}", "-q"]
@@ -154,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in sources.names():
             worktree.remove(KIT_ROOT / "upstream" / name, args.out / "trees" / name)
     code = {name: where for name, (_, where) in under_test.items()} or checkouts()
-    doc = {"repeat": args.repeat, "load": args.load, "on": args.on, "paths": args.paths, "code": code,
+    doc = {"repeat": args.repeat, "load": args.load, "on": args.on, "paths": args.scenario or args.paths, "code": code,
            "wall_s": walls, "tests": {key: dict(counts[key]) | {"regression": key in regression}
                                       for key in sorted(counts)}, "hung_launches": hung,
            "not_passed": sum(n for c in counts.values() for kind, n in c.items() if kind != "passed")}
