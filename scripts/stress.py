@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     regression, hung, walls = set(), [], []
     try:
         under_test = trees(args.on, args.out / "trees")
+        code = {name: where for name, (_, where) in under_test.items()} or checkouts()
         env = dict(os.environ)
         if under_test:
             env["PYTHONPATH"] = os.pathsep.join([*(str(path) for path, _ in under_test.values()), str(KIT_ROOT)])
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                         counts.setdefault(scenario, Counter())[outcome] += 1
                     print(f"stress run {run}/{args.repeat}: " + ", ".join(f"{k} {v}" for k, v in outcomes.items())
                           + f" in {seconds} s", flush=True)
+                    write_report(args, counts, regression, hung, walls, code)
                     continue
                 xml, tmp = args.out / "runs" / f"{run}.xml", args.out / "runs" / f"{run}-tmp"
                 command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_regression",
@@ -183,24 +185,32 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stress run {run}/{args.repeat}: {len(results) - sum(bad.values())} of {len(results)} passed"
                       + "".join(f", {n} {kind}" for kind, n in sorted(bad.items())) + f" in {result.seconds} s",
                       flush=True)
+                write_report(args, counts, regression, hung, walls, code)
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
         for name in sources.names():
             worktree.remove(KIT_ROOT / "upstream" / name, args.out / "trees" / name)
-    code = {name: where for name, (_, where) in under_test.items()} or checkouts()
-    doc = {"repeat": args.repeat, "load": args.load, "on": args.on, "paths": args.scenario or args.paths, "code": code,
-           "wall_s": walls, "tests": {key: dict(counts[key]) | {"regression": key in regression}
-                                      for key in sorted(counts)}, "hung_launches": hung,
+    timeouts = sum(c["timeout"] for c in counts.values())
+    doc = write_report(args, counts, regression, hung, walls, code)
+    print(f"stress: {doc['not_passed']} test results not passed ({timeouts} of them timeouts) in {len(walls)} runs "
+          f"of {len(counts)} tests under load {args.load}, {len(hung)} launches hung; report in "
+          f"{os.path.relpath(args.out)}/report.md")
+    return 0 if doc["not_passed"] == 0 and len(walls) == args.repeat else 1
+
+
+def write_report(args: argparse.Namespace, counts: dict, regression: set, hung: list, walls: list, code: dict) -> dict:
+    """Write ``report.json`` and ``report.md`` of the runs so far (after every run, so a stopped stress keeps its
+    figures); return the JSON document."""
+    doc = {"repeat": args.repeat, "runs_done": len(walls), "load": args.load, "on": args.on,
+           "paths": args.scenario or args.paths, "code": code, "wall_s": walls,
+           "tests": {key: dict(counts[key]) | {"regression": key in regression} for key in sorted(counts)},
+           "hung_launches": hung,
            "not_passed": sum(n for c in counts.values() for kind, n in c.items() if kind != "passed")}
     (args.out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.out / "report.md").write_text(markdown(doc))
-    timeouts = sum(c["timeout"] for c in counts.values())
-    print(f"stress: {doc['not_passed']} test results not passed ({timeouts} of them timeouts) in {args.repeat} runs "
-          f"of {len(counts)} tests under load {args.load}, {len(hung)} launches hung; report in "
-          f"{os.path.relpath(args.out)}/report.md")
-    return 0 if doc["not_passed"] == 0 else 1
+    return doc
 
 
 def checkouts() -> dict[str, str]:
@@ -215,7 +225,7 @@ def checkouts() -> dict[str, str]:
 
 def markdown(doc: dict) -> str:
     """The report: per test, runs passed, failed, timed out and other; then the launches that hung."""
-    md = [f"# Stress: {' '.join(doc['paths'])} x {doc['repeat']}, load {doc['load']}", "",
+    md = [f"# Stress: {' '.join(doc['paths'])}, {doc['runs_done']} of {doc['repeat']} runs, load {doc['load']}", "",
           "Code under test: " + ", ".join(f"{name} `{where}`" for name, where in doc["code"].items()), "",
           f"Test results not passed in total: {doc['not_passed']}; wall time per run (s): {doc['wall_s']}", "",
           "| test | regression | passed | failed | timeout | other |", "|---|---|---|---|---|---|"]
