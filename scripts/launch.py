@@ -88,10 +88,13 @@ def dump_stacks(proc: subprocess.Popen, out, log: Path) -> int:
     """Make every process of the launch ``proc`` that catches SIGUSR1 write its stacks into ``log``; return how many.
 
     ``out`` is the launch's log file, open for appending. One process at a time: a header line, SIGUSR1, then wait
-    until the log stops growing (at most DUMP_WAIT seconds), so that the dumps do not interleave.
+    until the log stops growing (at most DUMP_WAIT seconds), so that the dumps do not interleave. Order: the launched
+    process, then its descendants deepest first, so that the ranks of a ``torch.distributed.run`` launch come last,
+    where a test that prints the end of the log shows them.
     """
     dumped = 0
-    for pid in [proc.pid, *descendants(proc.pid)]:
+    # The launcher first, then the deepest processes (DataLoader workers), the ranks last: a log's tail shows them.
+    for pid in [proc.pid, *reversed(descendants(proc.pid))]:
         if not catches(pid, signal.SIGUSR1):
             continue
         out.write(f"\n--- kit: stacks of pid {pid}: {command_line(pid)} ---\n".encode())
