@@ -267,7 +267,9 @@ def collect_stacks(stage_dir: Path, out: Path) -> list[str]:
 
 def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]:
     """Run both stages side by side (at most ``args.jobs`` at once); return {stage: {"launch", "results",
-    "records"}} with the JUnit results renamed for the report. Raises KitError when a stage wrote no JUnit XML."""
+    "records"}} with the JUnit results renamed for the report. A stage that times out is killed after its stacks are
+    written to its log, and recorded as a problem of every upstream. Raises KitError when a stage that ended wrote no
+    JUnit XML."""
     root = args.suites.resolve().parent
     jobs = []
     for stage in STAGES:
@@ -279,10 +281,13 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
                                env=stage_env(ups, stage, stage_dir)))
     done = {}
     for stage, job, result in zip(STAGES, jobs, launch.run_all(jobs, args.jobs), strict=True):
-        stage_dir = job.log.parent
-        if result.timed_out:
-            raise KitError(f"the {stage} stage timed out after {args.timeout:.0f} s; stacks in {job.log}")
-        results = grading.read_junit(stage_dir / "junit.xml", renamer(ups, stage, root))
+        stage_dir, results = job.log.parent, {}
+        if result.timed_out:  # every test of the stage is then missing: violations, and the report says why
+            for up in ups:
+                up.problems.append(f"{up.pin.name}: the {stage} stage timed out after {args.timeout:.0f} s and was "
+                                   f"killed; the stacks of its processes are in stacks/{stage}-pytest.log")
+        else:
+            results = grading.read_junit(stage_dir / "junit.xml", renamer(ups, stage, root))
         done[stage] = {"launch": result, "results": results, "records": read_records(stage_dir / "imports")}
         outcomes = Counter(r.outcome for r in results.values())
         print(f"gate {stage}: {', '.join(f'{n} {o}' for o, n in sorted(outcomes.items())) or 'no tests'} in "

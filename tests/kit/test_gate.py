@@ -175,9 +175,7 @@ def test_sigkill_in_the_middle_of_a_stage_leaves_the_checkout_as_it_was(kit, cap
     make_series(kit, fix=True)
     assert kit.run("apply")[0] == 0
     mark = kit.root / "in-the-stage"
-    argv = write_kit(kit, {**GOOD, "guard": "assert tiny.VALUE in (1, 2)\n    if 'TINY_MARK' in __import__('os')."
-                                            "environ:\n        open(__import__('os').environ['TINY_MARK'], 'w')"
-                                            "\n        __import__('time').sleep(60)"})
+    argv = write_kit(kit, SLEEPING_GUARD)
     before = state(kit.repo)
     env = {**os.environ, "TINY_MARK": str(mark), "PYTHONPATH": str(KIT_ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "scripts.gate", *argv], cwd=KIT_ROOT, env=env,
@@ -263,3 +261,23 @@ def test_launched_upstream_script_is_a_fail_to_pass_test(kit, capsys):
     row = report["upstreams"]["tiny"]["tests"][f"upstream/tiny/{script}"]
     assert row["contract"] == "FAIL_TO_PASS" and row["after"] == "passed"
     assert row["before"] == "failed" and row["reason"].startswith("rank ") and "VALUE is 1" in row["reason"]
+
+
+SLEEPING_GUARD = {**GOOD, "guard": "assert tiny.VALUE in (1, 2)\n    if 'TINY_MARK' in __import__('os').environ:\n"
+                                   "        open(__import__('os').environ['TINY_MARK'], 'w')\n"
+                                   "        __import__('time').sleep(60)"}
+
+
+def test_a_stage_that_hangs_is_killed_with_its_stacks_in_the_report(kit, capsys, monkeypatch):
+    make_series(kit, fix=True)
+    monkeypatch.setenv("TINY_MARK", str(kit.root / "in-the-stage"))
+    argv = write_kit(kit, SLEEPING_GUARD)
+    capsys.readouterr()
+    assert gate.main([*argv, "--timeout=15"]) == 1
+    report = json.loads((kit.root / "out" / "report.json").read_text())
+    violations = report["upstreams"]["tiny"]["violations"]
+    assert any("the before stage timed out after 15 s" in v for v in violations), violations
+    assert "stacks/before-pytest.log" in report["stacks"]
+    stacks = (kit.root / "out" / "stacks" / "before-pytest.log").read_text()
+    assert "in test_value_is_known" in stacks
+    assert worktree.listed(kit.repo) == []
