@@ -13,6 +13,8 @@
 import argparse
 import contextlib
 import json
+import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -25,8 +27,15 @@ from scripts.checkout import git, rev
 REPRO_SAMPLES = 96  # bench_child.repro_accelerate
 
 
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children and the descendants they waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def floor_deepspeed(args: argparse.Namespace, side: Side, index: int) -> dict:
     """The DeepSpeed half of F: the resume reproduction in a fresh process; {"seconds", "differing"}."""
+    cpu = children_cpu()
     run = launch.run([str(args.python), str(CHILD), "repro-deepspeed", "{}"],
                      args.out / "logs" / f"floor-deepspeed-{index}.log", args.timeout, cwd=sources.KIT_ROOT,
                      env=child_env(side))
@@ -34,7 +43,7 @@ def floor_deepspeed(args: argparse.Namespace, side: Side, index: int) -> dict:
     line = [x for x in run.log.read_text(errors="replace").splitlines() if x.startswith("BENCH-RESULT ")][-1]
     result = json.loads(line.removeprefix("BENCH-RESULT "))
     check_module(side, result["module"], "the DeepSpeed reproduction")
-    return {"seconds": run.seconds, "differing": result["differing"]}
+    return {"seconds": run.seconds, "cpu_s": round(children_cpu() - cpu, 1), "differing": result["differing"]}
 
 
 def floor_accelerate(args: argparse.Namespace, side: Side, index: int) -> dict:
@@ -47,8 +56,10 @@ def floor_accelerate(args: argparse.Namespace, side: Side, index: int) -> dict:
     out.mkdir(parents=True)
     command = [str(args.python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(CHILD),
                "repro-accelerate", json.dumps({"out": str(out)})]
+    cpu = children_cpu()
     run = launch.run(command, args.out / "logs" / f"floor-accelerate-{index}.log", args.timeout, cwd=out,
                      env=child_env(side))
+    cpu = round(children_cpu() - cpu, 1)
     check(run, "the 2-process Accelerate reproduction", args.timeout)
     ids = []
     for rank in (0, 1):
@@ -59,7 +70,7 @@ def floor_accelerate(args: argparse.Namespace, side: Side, index: int) -> dict:
         check_module(side, result["module"], "the 2-process Accelerate reproduction")
         ids += result["ids"]
     seen = set(ids)
-    return {"seconds": run.seconds, "missing": REPRO_SAMPLES - len(seen & set(range(REPRO_SAMPLES))),
+    return {"seconds": run.seconds, "cpu_s": cpu, "missing": REPRO_SAMPLES - len(seen & set(range(REPRO_SAMPLES))),
             "duplicated": len(ids) - len(seen)}
 
 
@@ -75,10 +86,12 @@ def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
     for name, version in args.versions.items():
         command += ["--version", f"{name}={version}"]
     (out / "report.json").unlink(missing_ok=True)
+    cpu = children_cpu()
     run = launch.run(command, args.out / "logs" / f"gate-{label}.log", args.gate_timeout, cwd=sources.KIT_ROOT)
     if run.timed_out:
         raise BenchError(f"the gate timed out after {args.gate_timeout:.0f} s (killed); log {run.log}")
-    record = {"seconds": run.seconds, "exit": run.returncode, "verdict": None, "stages": {}}
+    record = {"seconds": run.seconds, "cpu_s": round(children_cpu() - cpu, 1), "exit": run.returncode,
+              "verdict": None, "stages": {}}
     with contextlib.suppress(OSError, ValueError):
         report = json.loads((out / "report.json").read_text())
         record["verdict"] = report["verdict"]
@@ -107,6 +120,7 @@ def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> d
             else:
                 entry["gate"] = run_gate(args, str(index))
         entry["F_s"] = entry["deepspeed"]["seconds"] + entry["accelerate"]["seconds"]
+        entry["F_cpu_s"] = entry["deepspeed"]["cpu_s"] + entry["accelerate"]["cpu_s"]
         runs.append(entry)
         print(f"bench: gate repetition {index + 1}/{args.gate_repeat}: gate {entry['gate']['seconds']:.1f} s "
               f"({entry['gate']['verdict']}), F {entry['F_s']:.1f} s", flush=True)
@@ -117,6 +131,8 @@ def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> d
             "deepspeed_repro_s": med(r["deepspeed"]["seconds"] for r in runs),
             "accelerate_repro_s": med(r["accelerate"]["seconds"] for r in runs),
             "gate_over_F": round(med(r["gate"]["seconds"] / r["F_s"] for r in runs), 2),
+            "gate_cpu_s": med(r["gate"]["cpu_s"] for r in runs), "F_cpu_s": med(r["F_cpu_s"] for r in runs),
+            "gate_cpu_over_F_cpu": round(med(r["gate"]["cpu_s"] / r["F_cpu_s"] for r in runs), 2),
             "verdicts": [r["gate"]["verdict"] for r in runs], "stages_s": stages}
 
 
@@ -232,6 +248,10 @@ def gate_markdown(g: dict) -> list[str]:
             f"verdicts: {', '.join(str(v) for v in g['verdicts'])}. Reproductions on the base: DeepSpeed batches "
             f"differing after the resume {[r['deepspeed']['differing'] for r in g['runs']]} of 15; Accelerate "
             f"samples missing in epoch 0 {[r['accelerate']['missing'] for r in g['runs']]} of {REPRO_SAMPLES}.", "",
+            f"CPU time (user + system, all processes): gate {g['gate_cpu_s']:.1f} s, F {g['F_cpu_s']:.1f} s, "
+            f"gate CPU / F CPU = {g['gate_cpu_over_F_cpu']:.2f}; on {os.cpu_count()} cores the gate needs at least "
+            f"{g['gate_cpu_s'] / (os.cpu_count() or 1):.1f} s of wall time even with nothing else running, F's wall "
+            "time is mostly waiting (process start, imports, the rendezvous).", "",
             "The gate's stages (median s, from its report; the stages ran side by side, so their walls overlap):", "",
             *stages_table(g["stages_s"]), ""]
 
