@@ -53,11 +53,6 @@ class Side:
                 "modules": sorted(self.modules), "note": self.note}
 
 
-def package_dir(upstream: str, tree: Path) -> Path:
-    """The directory that holds the importable package of ``upstream`` inside a source ``tree``."""
-    return tree / "src" if (tree / "src" / upstream).is_dir() else tree
-
-
 def source_changes(repo: Path, version: str, test_paths: tuple[str, ...]) -> list[str]:
     """Files outside ``test_paths`` that differ between ``base/<version>`` and HEAD of ``repo`` (the fix)."""
     changed = git(repo, "diff", "--name-only", f"base/{version}", "HEAD").stdout.split()
@@ -72,11 +67,11 @@ def make_sides(args: argparse.Namespace, upstream: str, worktrees: list) -> dict
         raise BenchError(f"{repo} does not exist: run `make apply` first")
     tree = worktree.add(repo, args.out / "worktrees" / upstream, f"base/{pin.version}")
     worktrees.append((repo, tree))
-    base = Side(upstream, "base", tree, str(package_dir(upstream, tree)), rev(tree),
+    base = Side(upstream, "base", tree, str(worktree.package_dir(tree, upstream)), rev(tree),
                 f"work tree at base/{pin.version}")
     if upstream in args.patched_from:
         other = args.patched_from[upstream].resolve()
-        patched = Side(upstream, "patched", other, str(package_dir(upstream, other)), "", "--patched-from")
+        patched = Side(upstream, "patched", other, str(worktree.package_dir(other, upstream)), "", "--patched-from")
     else:
         changes = source_changes(repo, pin.version, pin.test_paths)
         branch = git(repo, "rev-parse", "--abbrev-ref", "HEAD").stdout.strip()

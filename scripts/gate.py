@@ -75,8 +75,7 @@ class Upstream:
 
     def package_dir(self, stage: str) -> Path:
         """The directory of the stage's tree that holds the importable package (``src/`` or the tree itself)."""
-        tree = self.trees[stage]
-        return tree / "src" if (tree / "src" / self.package).is_dir() else tree
+        return worktree.package_dir(self.trees[stage], self.package)
 
 
 def load_upstreams(args: argparse.Namespace) -> list[Upstream]:

@@ -73,8 +73,7 @@ def trees(on: str, root: Path) -> dict[str, tuple[Path, str]]:
                          env={**series.COMMITTER_ENV, **worktree.NO_HOOKS}, check=False)
             if result.returncode != 0:
                 raise KitError(f"patches/{name} does not apply to {base}: run `make apply` to see why")
-        package = pin.package.replace("-", "_")
-        found[name] = (tree / "src" if (tree / "src" / package).is_dir() else tree, f"{on} {rev(tree)[:12]}")
+        found[name] = (worktree.package_dir(tree, pin.package.replace("-", "_")), f"{on} {rev(tree)[:12]}")
     return found
 
 

@@ -17,6 +17,12 @@ NO_HOOKS = {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_
             "GIT_CONFIG_KEY_1": "rerere.enabled", "GIT_CONFIG_VALUE_1": "false"}
 
 
+def package_dir(tree: Path, package: str) -> Path:
+    """The directory of a source ``tree`` that holds the importable ``package``: ``src/`` (Accelerate's layout) or the
+    tree itself (DeepSpeed's); the one to put on ``PYTHONPATH``."""
+    return tree / "src" if (tree / "src" / package).is_dir() else tree
+
+
 def listed(repo: Path) -> list[Path]:
     """The paths of the work trees git records for ``repo`` (the main one excluded)."""
     lines = git(repo, "worktree", "list", "--porcelain").stdout.splitlines()
