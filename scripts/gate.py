@@ -161,15 +161,10 @@ def prepare(up: Upstream, root: Path) -> None:
         if failed:
             up.problems.append(f"{up.pin.name}: the series' test hunks do not apply to {up.pin.version}: {failed}")
         commit_all(before, "gate: the test hunks of the series")
-        if patches:
-            result = git(after, "am", "--3way", "--committer-date-is-author-date", *map(str, patches),
-                         env={**series.COMMITTER_ENV, **worktree.NO_HOOKS}, check=False)
-            if result.returncode != 0:
-                output = result.stdout + result.stderr
-                git(after, "am", "--abort", check=False)
-                where = f"{series._failed_patch(output, patches)}{series._failed_file(output)}"
-                up.problems.append(f"{up.pin.name}: the series does not apply to {up.pin.version} ({where}); a "
-                                   "release can declare check = \"fix\" in upstream/sources.toml")
+        failed = worktree.apply_series(after, patches)
+        if failed:
+            up.problems.append(f"{up.pin.name}: the series does not apply to {up.pin.version} ({failed}); a "
+                               "release can declare check = \"fix\" in upstream/sources.toml")
     up.commits = {stage: rev(up.trees[stage]) for stage in STAGES}
 
 

@@ -68,11 +68,9 @@ def trees(on: str, root: Path) -> dict[str, tuple[Path, str]]:
         worktree.clean(repo, root)
         tree = worktree.add(repo, root / name, base)
         if on == "series":
-            patches = series.patch_files(KIT_ROOT / "patches" / name)
-            result = git(tree, "am", "--3way", "--committer-date-is-author-date", *map(str, patches),
-                         env={**series.COMMITTER_ENV, **worktree.NO_HOOKS}, check=False)
-            if result.returncode != 0:
-                raise KitError(f"patches/{name} does not apply to {base}: run `make apply` to see why")
+            failed = worktree.apply_series(tree, series.patch_files(KIT_ROOT / "patches" / name))
+            if failed:
+                raise KitError(f"{failed} does not apply to {name} {base}: run `make apply` to see why")
         found[name] = (worktree.package_dir(tree, pin.package.replace("-", "_")), f"{on} {rev(tree)[:12]}")
     return found
 

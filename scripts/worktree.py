@@ -9,7 +9,7 @@ made in the work tree, which no ref keeps. Hooks of the user's are not run (``co
 import shutil
 from pathlib import Path
 
-from scripts import KitError
+from scripts import KitError, series
 from scripts.checkout import git
 
 # Environment of every git command in a work tree: no hooks of the user's, no rerere.
@@ -55,6 +55,20 @@ def add(repo: Path, path: Path, commit: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     git(repo, "worktree", "add", "--quiet", "--detach", str(path), commit, env=NO_HOOKS)
     return path
+
+
+def apply_series(tree: Path, patches: list[Path]) -> str:
+    """``git am --3way`` the ``patches`` in the work tree ``tree`` as ``make apply`` does (the kit's committer, the
+    author dates: the same commit ids); return '' when they apply, else where it failed (``git am`` aborted)."""
+    if not patches:
+        return ""
+    result = git(tree, "am", "--3way", "--committer-date-is-author-date", *map(str, patches),
+                 env={**series.COMMITTER_ENV, **NO_HOOKS}, check=False)
+    if result.returncode == 0:
+        return ""
+    output = result.stdout + result.stderr
+    git(tree, "am", "--abort", check=False)
+    return f"{series._failed_patch(output, patches)}{series._failed_file(output)}"
 
 
 def remove(repo: Path, path: Path) -> None:
