@@ -1,11 +1,11 @@
 """pytest plugin: upstream scripts launched on N processes, run as test items (the gate's ``[<name>.gate] launch``).
 
-``-p scripts.pytest_launch --launch SCRIPT=NPROC`` (repeatable; SCRIPT an absolute path) adds one test item per
-script, whose node id is the script's path relative to the rootdir, so its outcome lands in the same JUnit XML as
-the other tests. The item runs ``python -m torch.distributed.run --standalone --nproc_per_node=NPROC SCRIPT`` with
-this interpreter, this process's environment (so the stage's ``PYTHONPATH``), the script's directory tree root
-``--launch-cwd`` as working directory, through ``scripts/launch.py`` (``--launch-timeout`` seconds, stack dumps of
-every process before it is killed), its output in ``--launch-logs/<script file name>.log``.
+``-p scripts.pytest_launch --launch SCRIPT=NPROC`` (repeatable; SCRIPT a path) adds one test item per script, whose
+node id is the script's path relative to the rootdir, so its outcome lands in the same JUnit XML as the other tests.
+The item runs ``python -m torch.distributed.run --standalone --nproc_per_node=NPROC SCRIPT`` with this interpreter
+and this process's environment (so the stage's ``PYTHONPATH``) through ``scripts/launch.py`` (``--launch-timeout``
+seconds, stack dumps of every process before it is killed), in ``--launch-logs``, where its output goes to
+``<script file name>.log``.
 
 Verdict (what upstream CI makes of such a script, e.g. Accelerate's ``tests/test_multidevice.py``): exit status 0
 passed; a non-zero status with ``AssertionError`` in the log failed, the message being the log's last
@@ -29,8 +29,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kit launch")
     group.addoption("--launch", action="append", default=[], metavar="SCRIPT=NPROC",
                     help="launch SCRIPT on NPROC processes with torch.distributed.run as one test item")
-    group.addoption("--launch-cwd", type=Path, default=Path.cwd(), help="working directory of the launches")
-    group.addoption("--launch-logs", type=Path, default=Path("launch-logs"), help="directory of the launch logs")
+    group.addoption("--launch-logs", type=Path, default=Path("launch-logs"),
+                    help="working directory of the launches and of their logs")
     group.addoption("--launch-timeout", type=float, default=300.0, help="seconds per launch (default 300)")
 
 
@@ -54,7 +54,7 @@ class LaunchItem(pytest.Item):
                    str(self.script)]
         timeout = config.getoption("launch_timeout")
         self.log = log
-        result = launch.run(command, log, timeout, cwd=config.getoption("launch_cwd"))
+        result = launch.run(command, log, timeout, cwd=log.parent)
         if result.timed_out:
             raise LaunchError(f"timed out after {timeout:.0f} s and was killed; the stacks of {result.stacks} "
                               f"processes are at the end of {log}")
