@@ -281,3 +281,9 @@ def test_a_stage_that_hangs_is_killed_with_its_stacks_in_the_report(kit, capsys,
     stacks = (kit.root / "out" / "stacks" / "before-pytest.log").read_text()
     assert "in test_value_is_known" in stacks
     assert worktree.listed(kit.repo) == []
+
+
+def test_out_outside_the_kit_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gate.parse_args([f"--out={tmp_path}"])
+    assert "must lie inside" in capsys.readouterr().err
