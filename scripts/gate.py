@@ -363,7 +363,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def clean(ups: list[Upstream], out: Path) -> None:
-    """Remove what a previous run left in ``out`` (work trees of a killed run included), the report first."""
+    """Remove what a previous run left in ``out`` (work trees of a killed run included), the report first; kill the
+    processes a killed run left running (those whose stage environment points into ``out``)."""
+    killed = launch.kill_by_environment("KIT_IMPORT_RECORD", f"{out}{os.sep}")
+    if killed:
+        print(f"gate: killed {len(killed)} processes a previous run left running", flush=True)
     for name in ("report.json", "report.md"):
         (out / name).unlink(missing_ok=True)
     for up in ups:

@@ -68,6 +68,21 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def kill_by_environment(name: str, prefix: str) -> list[int]:
+    """SIGKILL every process of this user whose environment variable ``name`` starts with ``prefix``; return their
+    pids. For what a run killed by SIGKILL left behind: processes it started in sessions of their own that did not
+    die with their parents (the ranks of ``torch.distributed.run``), found by the variable they all inherited."""
+    wanted, killed = f"{name}={prefix}".encode(), []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if any(var.startswith(wanted) for var in Path(entry.path, "environ").read_bytes().split(b"\0")):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
+
+
 def catches(pid: int, signum: int) -> bool:
     """True when process ``pid`` has a handler for ``signum`` (its ``SigCgt`` mask in /proc/<pid>/status)."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
