@@ -94,8 +94,12 @@ def first_line(result: Result | None) -> str:
 
 
 def reason(result: Result | None) -> str:
-    """Why a test failed, in one line: its assertion message without the ``AssertionError:`` / ``assert`` prefix."""
+    """Why a test failed, in one line: its assertion message without the ``AssertionError:`` / ``assert`` prefix;
+    for a failure re-raised from a child process (CHILD_FAILURE), the child's last ``AssertionError`` line."""
     line = first_line(result)
+    if line.startswith(CHILD_FAILURE):
+        raised = re.findall(r"^AssertionError: .*$", result.message, re.M)
+        line = raised[-1] if raised else line
     return re.sub(r"^(AssertionError: )?(assert )?", "", line).strip()
 
 

@@ -80,6 +80,13 @@ def test_report_gives_each_fail_to_pass_test_its_reason_and_the_summary_first():
     json.dumps(doc)
 
 
+def test_a_child_process_assertion_is_the_reason():
+    message = ("torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 1 terminated with the following "
+               "error:\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\nAssertionError: "
+               "union=71/96, missing=25\n")
+    assert grading.reason(Result("failed", message)) == "union=71/96, missing=25"
+
+
 def test_each_violation_links_to_its_log_excerpt():
     broken = upstream()
     broken.after = {**broken.after, GUARD: Result("failed", "AssertionError: guard broke", text="the traceback")}
