@@ -11,13 +11,16 @@ DEEPSPEED_VERSION ?=
 ACCELERATE_VERSION ?=
 # pytest-xdist workers and extra pytest arguments for `make test`.
 JOBS ?= auto
-# pytest-xdist workers of the gate's kit-suite runs: none by default, as two worker interpreters importing torch
-# cost more than they save there (`make bench BENCH_ARGS=--profile-gate`: tests/accelerate 18.2 s with -n auto,
-# 15.3 s with -n 0).
-GATE_JOBS ?= 0
+# Stages of the gate run side by side, at most GATE_JOBS at once (default: the CPU count).
+GATE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
-# How many times `make stress` runs the 2-process suite.
+# `make stress`: runs of the 2-process suite, busy processes competing for the CPUs meanwhile, and the code under
+# test (checkouts: as they are; base: the pristine releases; series: patches/ applied), in work trees for the latter.
 REPEAT ?= 10
+LOAD ?= 0
+ON ?= checkouts
+# `make stress SCENARIOS="state-dict-first-diverged-nw6 ..."`: launch only these scenarios of tests/accelerate's worker.
+SCENARIOS ?=
 # Extra options of `make bench` (python -m scripts.bench --help), e.g. `--repeat 9`, `--profile-gate`, `--cold-apply`.
 BENCH_ARGS ?=
 # `make upstream SOURCE=git` (or apply): a missing base comes from the upstream's git tag, not the sdist.
@@ -48,7 +51,8 @@ help: ## list the targets and variables
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
 	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
-	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N GATE_JOBS BENCH_ARGS KIT_URL (make pr)"
+	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N LOAD=N ON SCENARIOS GATE_JOBS BENCH_ARGS"
+	@echo "           KIT_URL (make pr)"
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
@@ -99,19 +103,20 @@ need-venv:
 test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
 	$(LOCK) $(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 
-gate: ## FAIL_TO_PASS / PASS_TO_PASS check: base + test hunks, then the series; report in build/gate/
+gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in work trees; build/gate/
 	@$(NEED_VENV)
 	@$(LOCK) $(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
 	  --jobs $(GATE_JOBS)
 
-stress: ## run tests/accelerate REPEAT times on the checkouts as they are; failures per test in build/stress/
+stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
 	@$(NEED_VENV)
-	@$(LOCK) $(PY) -m scripts.stress --repeat $(REPEAT) --jobs $(JOBS)
+	@$(LOCK) $(PY) -m scripts.stress --repeat $(REPEAT) --load $(LOAD) --on $(ON) --jobs $(JOBS) \
+	  $(foreach scenario,$(SCENARIOS),--scenario $(scenario))
 
 bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate vs its floor; build/bench/report.md
 	@$(NEED_VENV)
 	@$(LOCK) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
-	  --version accelerate=$(ACCELERATE_VERSION) --jobs $(JOBS) $(BENCH_ARGS)
+	  --version accelerate=$(ACCELERATE_VERSION) $(BENCH_ARGS)
 
 LINT = $(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
 

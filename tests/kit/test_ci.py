@@ -28,3 +28,4 @@ def test_workflow_is_valid_and_runs_the_readme_commands_and_the_gate():
     runs = re.findall(r"^\s+run: (make \w+)", text, re.M)
     assert runs == [*readme_commands(), "make gate"]
     assert 'python-version: "3.11"' in text and "path: build/gate/" in text
+    assert 'cat build/gate/report.md >> "$GITHUB_STEP_SUMMARY"' in text

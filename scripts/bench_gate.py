@@ -1,0 +1,281 @@
+"""``make bench`` items 4 and 5: the gate against its floor F, where the gate's time goes, and a cold ``make apply``.
+
+4. The gate (``python -m scripts.gate``, what ``make gate`` runs) against its floor F: the wall time of the two bare
+   reproductions, one DeepSpeed resume in a fresh Python process plus one 2-process Accelerate launch
+   (``torch.distributed.run --standalone --nproc_per_node=2``), both on the base work trees; reported as gate / F,
+   with the gate's per-stage figures from its own report (wall time of each stage's pytest, and of it the seconds
+   the JUnit XML gives the kit's tests and the upstream tests; the rest is interpreter start, imports, collection).
+   ``--profile-gate`` adds the parts alone: interpreter start, the imports, the gate with its stages one after the
+   other (``--jobs 1``), and tests/accelerate's 2-process launch alone with the time of each scenario.
+5. ``--cold-apply``: ``make apply`` on a fresh ``git clone`` of the kit in a temporary directory.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+from scripts import launch, sources
+from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, runs_cell
+from scripts.checkout import git, rev
+
+REPRO_SAMPLES = 96  # bench_child.repro_accelerate
+
+
+def children_cpu() -> float:
+    """CPU seconds (user + system) of this process's finished children and the descendants they waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def floor_deepspeed(args: argparse.Namespace, side: Side, index: int) -> dict:
+    """The DeepSpeed half of F: the resume reproduction in a fresh process; {"seconds", "differing"}."""
+    cpu = children_cpu()
+    run = launch.run([str(args.python), str(CHILD), "repro-deepspeed", "{}"],
+                     args.out / "logs" / f"floor-deepspeed-{index}.log", args.timeout, cwd=sources.KIT_ROOT,
+                     env=child_env(side))
+    check(run, "the DeepSpeed reproduction", args.timeout)
+    line = [x for x in run.log.read_text(errors="replace").splitlines() if x.startswith("BENCH-RESULT ")][-1]
+    result = json.loads(line.removeprefix("BENCH-RESULT "))
+    check_module(side, result["module"], "the DeepSpeed reproduction")
+    return {"seconds": run.seconds, "cpu_s": round(children_cpu() - cpu, 1), "differing": result["differing"]}
+
+
+def floor_accelerate(args: argparse.Namespace, side: Side, index: int) -> dict:
+    """The Accelerate half of F: one 2-process launch of the reproduction; {"seconds", "missing", "duplicated"}.
+
+    Raises BenchError when the launch fails, times out or a rank wrote no result.
+    """
+    out = args.out / "floor" / f"accelerate-{index}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    command = [str(args.python), "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(CHILD),
+               "repro-accelerate", json.dumps({"out": str(out)})]
+    cpu = children_cpu()
+    run = launch.run(command, args.out / "logs" / f"floor-accelerate-{index}.log", args.timeout, cwd=out,
+                     env=child_env(side))
+    cpu = round(children_cpu() - cpu, 1)
+    check(run, "the 2-process Accelerate reproduction", args.timeout)
+    ids = []
+    for rank in (0, 1):
+        path = out / f"rank{rank}.json"
+        if not path.exists():
+            raise BenchError(f"the 2-process Accelerate reproduction wrote no result for rank {rank}; log {run.log}")
+        result = json.loads(path.read_text())
+        check_module(side, result["module"], "the 2-process Accelerate reproduction")
+        ids += result["ids"]
+    seen = set(ids)
+    return {"seconds": run.seconds, "cpu_s": cpu, "missing": REPRO_SAMPLES - len(seen & set(range(REPRO_SAMPLES))),
+            "duplicated": len(ids) - len(seen)}
+
+
+def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
+    """One ``python -m scripts.gate OPTIONS`` (report under ``<out>/gate``); {"seconds", "exit", "verdict", "stages"}.
+
+    ``stages`` is {stage: {"wall_s", "<upstream> kit_tests_s", "<upstream> upstream_tests_s"}} from the gate's own
+    report. A gate that fails its contract is recorded, not an error; a timeout or a missing report raises
+    BenchError.
+    """
+    out = args.out / "gate"
+    command = [str(args.python), "-m", "scripts.gate", "--out", str(out), *options]
+    for name, version in args.versions.items():
+        command += ["--version", f"{name}={version}"]
+    (out / "report.json").unlink(missing_ok=True)
+    cpu = children_cpu()
+    run = launch.run(command, args.out / "logs" / f"gate-{label}.log", args.gate_timeout, cwd=sources.KIT_ROOT)
+    if run.timed_out:
+        raise BenchError(f"the gate timed out after {args.gate_timeout:.0f} s (killed); log {run.log}")
+    record = {"seconds": run.seconds, "cpu_s": round(children_cpu() - cpu, 1), "exit": run.returncode,
+              "verdict": None, "stages": {}}
+    with contextlib.suppress(OSError, ValueError):
+        report = json.loads((out / "report.json").read_text())
+        record["verdict"] = report["verdict"]
+        for name, up in report["upstreams"].items():
+            for stage, entry in up["stages"].items():
+                figures = record["stages"].setdefault(stage, {"wall_s": entry["wall_s"]})
+                figures[f"{name} kit tests"] = entry.get("kit_tests_s", 0.0)
+                figures[f"{name} upstream tests"] = entry.get("upstream_tests_s", 0.0)
+    if record["verdict"] is None:
+        raise BenchError(f"the gate wrote no report (exit status {run.returncode}); log {run.log}:\n{run.tail()}")
+    return record
+
+
+def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> dict:
+    """Item 4: the gate and its floor F, alternating (F first in even repetitions); figures are medians (s)."""
+    runs: list[dict] = []
+    # Untimed: checks that both reproductions run, and compiles the base work trees' bytecode before timing.
+    floor_deepspeed(args, sides["deepspeed"]["base"], -1)
+    floor_accelerate(args, sides["accelerate"]["base"], -1)
+    for index in range(args.gate_repeat):
+        entry = {}
+        for step in (("floor", "gate") if index % 2 == 0 else ("gate", "floor")):
+            if step == "floor":
+                entry["deepspeed"] = floor_deepspeed(args, sides["deepspeed"]["base"], index)
+                entry["accelerate"] = floor_accelerate(args, sides["accelerate"]["base"], index)
+            else:
+                entry["gate"] = run_gate(args, str(index))
+        entry["F_s"] = entry["deepspeed"]["seconds"] + entry["accelerate"]["seconds"]
+        entry["F_cpu_s"] = entry["deepspeed"]["cpu_s"] + entry["accelerate"]["cpu_s"]
+        runs.append(entry)
+        print(f"bench: gate repetition {index + 1}/{args.gate_repeat}: gate {entry['gate']['seconds']:.1f} s "
+              f"({entry['gate']['verdict']}), F {entry['F_s']:.1f} s", flush=True)
+    med = statistics.median
+    stages = {stage: {label: med(r["gate"]["stages"].get(stage, {}).get(label, 0.0) for r in runs)
+                      for label in figures} for stage, figures in runs[0]["gate"]["stages"].items()}
+    return {"runs": runs, "gate_s": med(r["gate"]["seconds"] for r in runs), "F_s": med(r["F_s"] for r in runs),
+            "deepspeed_repro_s": med(r["deepspeed"]["seconds"] for r in runs),
+            "accelerate_repro_s": med(r["accelerate"]["seconds"] for r in runs),
+            "gate_over_F": round(med(r["gate"]["seconds"] / r["F_s"] for r in runs), 2),
+            "gate_cpu_s": med(r["gate"]["cpu_s"] for r in runs), "F_cpu_s": med(r["F_cpu_s"] for r in runs),
+            "gate_cpu_over_F_cpu": round(med(r["gate"]["cpu_s"] / r["F_cpu_s"] for r in runs), 2),
+            "verdicts": [r["gate"]["verdict"] for r in runs], "stages_s": stages}
+
+
+def bench_gate_profile(args: argparse.Namespace) -> dict:
+    """Where the gate's time goes: interpreter start, the imports, the gate with one stage at a time, and
+    tests/accelerate's 2-process launch alone, ``--gate-repeat`` times round-robin.
+
+    Returns {label: {"seconds": median, "runs": [s, ...], "exits": [...]}}, the serial gate's per-stage figures
+    under "serial gate stages", and the launch's per-scenario times under "scenarios". A non-zero exit status is
+    recorded, not an error; a timeout raises BenchError.
+    """
+    py, kit = str(args.python), sources.KIT_ROOT
+    launch_dir = args.out / "profile" / "accelerate-launch"
+    worker = kit / "tests" / "accelerate" / "accelerate_worker.py"
+    items = [("python -c pass", [py, "-c", "pass"]), ("import torch", [py, "-c", "import torch"]),
+             ("import the DeepSpeed sampler", [py, "-c", "import deepspeed.runtime.data_pipeline.data_sampling."
+                                                     "data_sampler"]),
+             ("import accelerate", [py, "-c", "import accelerate"]),
+             ("tests/accelerate's 2-process launch alone", [py, "-m", "torch.distributed.run", "--standalone",
+                                                            "--nproc_per_node=2", str(worker), str(launch_dir)])]
+    profile: dict = {label: {"runs": [], "exits": []} for label, _ in items}
+    profile["gate, one stage at a time (--jobs 1)"] = {"runs": [], "exits": []}
+    scenarios: dict[str, list[float]] = {}
+    serial: list[dict] = []
+    for index in range(args.gate_repeat):
+        for number, (label, command) in enumerate(items):
+            launch_dir.mkdir(parents=True, exist_ok=True)
+            run = launch.run(command, args.out / "logs" / f"profile-{number}-{index}.log", args.timeout, cwd=kit,
+                             env=child_env(Side("kit", "patched", kit, "", "")))
+            if run.timed_out:
+                raise BenchError(f"profile: {label} timed out after {args.timeout:.0f} s; log {run.log}")
+            profile[label]["runs"].append(run.seconds)
+            profile[label]["exits"].append(run.returncode)
+        for scenario, delta in scenario_times(launch_dir).items():
+            scenarios.setdefault(scenario, []).append(delta)
+        record = run_gate(args, f"serial-{index}", "--jobs", "1")
+        profile["gate, one stage at a time (--jobs 1)"]["runs"].append(record["seconds"])
+        profile["gate, one stage at a time (--jobs 1)"]["exits"].append(record["exit"])
+        serial.append(record["stages"])
+        print(f"bench: gate profile repetition {index + 1}/{args.gate_repeat}", flush=True)
+    for entry in profile.values():
+        entry["seconds"] = statistics.median(entry["runs"])
+    return {"parts": profile, "scenarios": {name: statistics.median(v) for name, v in scenarios.items()},
+            "serial gate stages": serial[len(serial) // 2]}
+
+
+def scenario_times(launch_dir: Path) -> dict[str, float]:
+    """{scenario: s} inside one launch of tests/accelerate's worker, from the times its rank-0 files were written.
+
+    Each scenario's time is the gap to the previous scenario's file, so the first scenario has none. The files are
+    removed afterwards, so that the next launch starts from an empty directory.
+    """
+    files = sorted(launch_dir.glob("*.rank0.json"), key=lambda path: path.stat().st_mtime)
+    times = {later.name.removesuffix(".rank0.json"): later.stat().st_mtime - earlier.stat().st_mtime
+             for earlier, later in zip(files, files[1:], strict=False)}
+    for path in launch_dir.glob("*.json"):
+        path.unlink()
+    return times
+
+
+def bench_cold_apply(args: argparse.Namespace) -> dict:
+    """Item 5: ``make apply`` in a fresh ``git clone`` of the kit (committed HEAD) in a temporary directory.
+
+    Returns {"runs": [s, ...], "seconds": median, "commit"}; raises BenchError when a run fails.
+    """
+    seconds, commit = [], rev(sources.KIT_ROOT)
+    for index in range(args.cold_apply):
+        with tempfile.TemporaryDirectory(prefix="kit-cold-apply-") as tmp:
+            clone = Path(tmp) / "kit"
+            git(sources.KIT_ROOT, "clone", "--quiet", "--no-hardlinks", str(sources.KIT_ROOT), str(clone))
+            run = launch.run(["make", "apply"], args.out / "logs" / f"cold-apply-{index}.log", args.gate_timeout,
+                             cwd=clone)
+            check(run, "cold `make apply`", args.gate_timeout)
+            seconds.append(run.seconds)
+        print(f"bench: cold make apply {index + 1}/{args.cold_apply}: {seconds[-1]:.1f} s", flush=True)
+    return {"runs": seconds, "seconds": statistics.median(seconds), "commit": commit}
+
+
+def targets(gate: dict | None) -> list[dict]:
+    """The goal of issue 12 for item 4: gate <= 3 F."""
+    if not gate:
+        return []
+    return [{"goal": "gate <= 3 F", "measured": f"{gate['gate_over_F']:.2f} F", "met": gate["gate_over_F"] <= 3}]
+
+
+def stages_table(stages: dict) -> list[str]:
+    """A table of per-stage figures {stage: {label: s}} (wall time first)."""
+    labels = [label for label in next(iter(stages.values()), {}) if label != "wall_s"]
+    md = ["| stage | pytest wall s | " + " | ".join(f"{label} s" for label in labels) +
+          " | start, imports, collection s |", "|---" * (len(labels) + 3) + "|"]
+    for stage, figures in stages.items():
+        rest = figures["wall_s"] - sum(figures[label] for label in labels)
+        md.append(f"| {stage} | {figures['wall_s']:.1f} | " + " | ".join(f"{figures[label]:.1f}" for label in labels)
+                  + f" | {rest:.1f} |")
+    return md
+
+
+def gate_markdown(g: dict) -> list[str]:
+    """The report's section of item 4."""
+    return ["## The gate against its floor F (item 4)", "",
+            "F = one DeepSpeed resume reproduction in a fresh Python process + one 2-process Accelerate reproduction "
+            "(`torch.distributed.run --standalone --nproc_per_node=2`, 2 workers), both on the base work trees; the "
+            f"gate is `python -m scripts.gate` (as `make gate`: both stages side by side). {len(g['runs'])} "
+            "repetitions, alternating.", "",
+            "| figure | median s | runs s |", "|---|---|---|",
+            f"| gate | {g['gate_s']:.1f} | {runs_cell(r['gate']['seconds'] for r in g['runs'])} |",
+            f"| F | {g['F_s']:.1f} | {runs_cell(r['F_s'] for r in g['runs'])} |",
+            f"| DeepSpeed reproduction | {g['deepspeed_repro_s']:.1f} | "
+            f"{runs_cell(r['deepspeed']['seconds'] for r in g['runs'])} |",
+            f"| Accelerate 2-process reproduction | {g['accelerate_repro_s']:.1f} | "
+            f"{runs_cell(r['accelerate']['seconds'] for r in g['runs'])} |",
+            "", f"**gate / F = {g['gate_over_F']:.2f}** (median of per-repetition ratios; goal <= 3). Gate "
+            f"verdicts: {', '.join(str(v) for v in g['verdicts'])}. Reproductions on the base: DeepSpeed batches "
+            f"differing after the resume {[r['deepspeed']['differing'] for r in g['runs']]} of 15; Accelerate "
+            f"samples missing in epoch 0 {[r['accelerate']['missing'] for r in g['runs']]} of {REPRO_SAMPLES}.", "",
+            f"CPU time (user + system, all processes): gate {g['gate_cpu_s']:.1f} s, F {g['F_cpu_s']:.1f} s, "
+            f"gate CPU / F CPU = {g['gate_cpu_over_F_cpu']:.2f}; on {os.cpu_count()} cores the gate needs at least "
+            f"{g['gate_cpu_s'] / (os.cpu_count() or 1):.1f} s of wall time even with nothing else running, F's wall "
+            "time is mostly waiting (process start, imports, the rendezvous).", "",
+            "The gate's stages (median s, from its report; the stages ran side by side, so their walls overlap):", "",
+            *stages_table(g["stages_s"]), ""]
+
+
+def profile_markdown(p: dict) -> list[str]:
+    """The report's section of ``--profile-gate``."""
+    md = ["## Where the gate's time goes (--profile-gate)", "",
+          "Each part alone, median of the repetitions (s), with the exit statuses.", "",
+          "| part | median s | runs s | exit statuses |", "|---|---|---|---|"]
+    md += [f"| {label} | {entry['seconds']:.1f} | {runs_cell(entry['runs'])} | "
+           f"{', '.join(str(e) for e in entry['exits'])} |" for label, entry in p["parts"].items()]
+    md += ["", "The gate with one stage at a time (its median run), per stage:", "",
+           *stages_table(p["serial gate stages"]), ""]
+    if p["scenarios"]:
+        times = p["scenarios"]
+        md += [f"Inside tests/accelerate's launch, per scenario (median s, gap between the rank-0 result files; the "
+               f"first scenario has none): {sum(times.values()):.1f} s in all; "
+               + ", ".join(f"{name} {value:.2f}" for name, value in times.items()) + ".", ""]
+    return md
+
+
+def cold_apply_markdown(c: dict) -> list[str]:
+    """The report's section of item 5."""
+    return ["## Cold `make apply` (item 5)", "",
+            f"Fresh `git clone` of the kit at `{c['commit'][:12]}` (committed files only) in a temporary directory, "
+            f"then `make apply` (pip's own cache as it is): {c['seconds']:.0f} s (runs: {runs_cell(c['runs'], 0)}).",
+            ""]

@@ -1,0 +1,87 @@
+"""pytest plugin: upstream scripts launched on N processes, run as test items (the gate's ``[<name>.gate] launch``).
+
+``-p scripts.pytest_launch --launch SCRIPT=NPROC`` (repeatable; SCRIPT a path) adds one test item per script, whose
+node id is the script's path relative to the rootdir, so its outcome lands in the same JUnit XML as the other tests.
+The item runs ``python -m torch.distributed.run --standalone --nproc_per_node=NPROC SCRIPT`` with this interpreter
+and this process's environment (so the stage's ``PYTHONPATH``) through ``scripts/launch.py`` (``--launch-timeout``
+seconds, stack dumps of every process before it is killed), in ``--launch-logs``, where its output goes to
+``<script file name>.log``.
+
+Verdict (what upstream CI makes of such a script, e.g. Accelerate's ``tests/test_multidevice.py``): exit status 0
+passed; a non-zero status with ``AssertionError`` in the log failed, the message being the log's last
+``AssertionError`` line (a reproducing failure for FAIL_TO_PASS); anything else, a timeout included, is an error.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts import launch
+
+
+class LaunchError(Exception):
+    """A launch that did not end with an assertion: it timed out, crashed or could not start."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kit launch")
+    group.addoption("--launch", action="append", default=[], metavar="SCRIPT=NPROC",
+                    help="launch SCRIPT on NPROC processes with torch.distributed.run as one test item")
+    group.addoption("--launch-logs", type=Path, default=Path("launch-logs"),
+                    help="working directory of the launches and of their logs")
+    group.addoption("--launch-timeout", type=float, default=300.0, help="seconds per launch (default 300)")
+
+
+def assertion_line(log: str) -> str:
+    """The last line of ``log`` that reports an AssertionError ('' when there is none)."""
+    found = re.findall(r"^.*\bAssertionError\b.*$", log, re.M)
+    return found[-1].strip() if found else ""
+
+
+class LaunchItem(pytest.Item):
+    """One launched script; ``setup`` launches it, ``runtest`` turns its verdict into an assertion."""
+
+    def __init__(self, *, script: Path, nproc: int, **kwargs):
+        super().__init__(**kwargs)
+        self.script, self.nproc, self.assertion, self.log = script, nproc, "", None
+
+    def setup(self) -> None:
+        config = self.config
+        log = config.getoption("launch_logs") / f"{self.script.name}.log"
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
+                   str(self.script)]
+        timeout = config.getoption("launch_timeout")
+        self.log = log
+        result = launch.run(command, log, timeout, cwd=log.parent)
+        if result.timed_out:
+            raise LaunchError(f"timed out after {timeout:.0f} s and was killed; the stacks of {result.stacks} "
+                              f"processes are at the end of {log}")
+        self.assertion = assertion_line(result.log.read_text(errors="replace")) if result.returncode else ""
+        if result.returncode and not self.assertion:
+            raise LaunchError(f"exit status {result.returncode} without an AssertionError; log {log}:\n"
+                              f"{result.tail(2000)}")
+
+    def runtest(self) -> None:
+        if self.assertion:
+            raise AssertionError(self.assertion.partition("AssertionError")[2].lstrip(": ") or self.assertion)
+
+    def repr_failure(self, excinfo, style=None) -> str:
+        if excinfo.errisinstance(AssertionError):
+            return f"AssertionError: {excinfo.value}\n(launch log: {self.log})"
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.script, None, self.name
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    """Append one LaunchItem per ``--launch`` option; raise pytest.UsageError for a malformed value."""
+    for value in config.getoption("launch"):
+        script, sep, nproc = value.rpartition("=")
+        if not sep or not nproc.isdigit() or not Path(script).is_file():
+            raise pytest.UsageError(f"--launch takes SCRIPT=NPROC with an existing SCRIPT, not {value!r}")
+        path = Path(script).resolve()
+        name = path.relative_to(config.rootpath).as_posix() if path.is_relative_to(config.rootpath) else str(path)
+        items.append(LaunchItem.from_parent(session, name=name, nodeid=name, script=path, nproc=int(nproc)))

@@ -1,0 +1,118 @@
+"""scripts/grading.py without launching anything: JUnit in, verdicts and the report out."""
+
+import json
+
+import pytest
+
+from scripts import grading
+from scripts.grading import Result
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.tiny.test_kit" name="test_fixed" file="tests/tiny/test_kit.py" time="0.5">
+  <properties><property name="regression" value="tiny#1" /></properties>
+  <failure message="AssertionError: batch index 2 diverged first&#10;more">long traceback</failure></testcase>
+<testcase classname="tests.tiny.test_kit.TestGroup" name="test_guard[a-b]" file="tests/tiny/test_kit.py" time="1" />
+<testcase classname="" name="up.scripts.run" file="up/scripts/run.py" time="6"><error message="crashed">log</error>
+</testcase>
+</testsuite></testsuites>"""
+
+
+def test_read_junit_names_tests_by_node_id_and_keeps_the_evidence(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(JUNIT)
+    results = grading.read_junit(path, rename=lambda key: key.replace("up/", "upstream/tiny/"))
+    assert results == {
+        "tests/tiny/test_kit.py::test_fixed": Result("failed", "AssertionError: batch index 2 diverged first\nmore",
+                                                     "tiny#1", "long traceback", 0.5),
+        "tests/tiny/test_kit.py::TestGroup::test_guard[a-b]": Result("passed", seconds=1.0),
+        "upstream/tiny/scripts/run.py": Result("error", "crashed", "", "log", 6.0),
+    }
+
+
+@pytest.mark.parametrize("message, expected", [
+    ("assert 1 == 2", True),
+    ("AssertionError: the partition is broken", True),
+    ("torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 0 terminated with the following error:\n"
+     "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\nAssertionError: 10 samples missing", True),
+    ("torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 0 terminated with the following error:\n"
+     "Traceback (most recent call last):\nModuleNotFoundError: No module named 'x'", False),
+    ("ModuleNotFoundError: No module named 'x'", False),
+    ("Failed: Timeout", False),
+])
+def test_only_assertions_count_as_reproducing_failures(message, expected):
+    assert grading.is_assertion(message) is expected
+
+
+F2P = "upstream/tiny/tests/test_fixed.py::test_two"
+KIT = "tests/tiny/test_kit.py::test_fixed"
+GUARD = "tests/tiny/test_kit.py::test_guard"
+
+
+def upstream(**changes) -> grading.Upstream:
+    """A graded upstream where everything holds, with ``changes`` applied to its fields."""
+    up = grading.Upstream("tiny", "1.0", "a" * 40, fail_to_pass={F2P}, upstream_tests=True,
+                          stages={"before": {"commit": "b" * 40, "wall_s": 3.0},
+                                  "after": {"commit": "c" * 40, "wall_s": 2.0}},
+                          imports={"before": {"processes": 1, "modules": 2, "outside": []}})
+    up.before = {F2P: Result("failed", "AssertionError: union=71/96, missing=25\nwhere ...", text="tb"),
+                 KIT: Result("failed", "assert [1, 2] == [2, 1]", "tiny#1"), GUARD: Result("passed")}
+    up.after = {F2P: Result("passed"), KIT: Result("passed", regression="tiny#1"), GUARD: Result("passed")}
+    for name, value in changes.items():
+        setattr(up, name, value)
+    return up
+
+
+META = {"wall_s": 12.5, "versions": {"python": "3.11.7", "torch": "2.13.0", "torchdata": "0.11.0", "numpy": "2.3.5"},
+        "series": {"kit_commit": "d" * 40, "uncommitted": []}}
+
+
+def test_report_gives_each_fail_to_pass_test_its_reason_and_the_summary_first():
+    doc, md, excerpts = grading.report([upstream()], META)
+    tiny = doc["upstreams"]["tiny"]
+    assert doc["verdict"] == tiny["verdict"] == "pass" and excerpts == {}
+    assert tiny["FAIL_TO_PASS"] == [KIT, F2P] and tiny["PASS_TO_PASS"] == [GUARD]
+    assert tiny["tests"][F2P]["reason"] == "union=71/96, missing=25"
+    assert tiny["tests"][KIT]["reason"] == "[1, 2] == [2, 1]"
+    assert doc["versions"]["torchdata"] == "0.11.0" and tiny["base"] == "a" * 40
+    assert md.index("| tiny | 1.0 | `aaaaaaaaaaaa` | series | 2 | 1 | 0 | pass |") < md.index("<details>")
+    assert f"| `{F2P}` | FAIL_TO_PASS | failed: union=71/96, missing=25 | passed | yes |" in md
+    assert "torch 2.13.0, torchdata 0.11.0, numpy 2.3.5" in md
+    json.dumps(doc)
+
+
+def test_a_child_process_assertion_is_the_reason():
+    message = ("torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 1 terminated with the following "
+               "error:\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\nAssertionError: "
+               "union=71/96, missing=25\n")
+    assert grading.reason(Result("failed", message)) == "union=71/96, missing=25"
+
+
+def test_each_violation_links_to_its_log_excerpt():
+    broken = upstream()
+    broken.after = {**broken.after, GUARD: Result("failed", "AssertionError: guard broke", text="the traceback")}
+    doc, md, excerpts = grading.report([broken], META)
+    row = doc["upstreams"]["tiny"]["tests"][GUARD]
+    assert doc["verdict"] == "fail" and row["ok"] is False
+    assert excerpts[row["excerpt"]].startswith(f"{GUARD}\nviolation: PASS_TO_PASS test failed after: ")
+    assert "--- after: failed\nthe traceback" in excerpts[row["excerpt"]]
+    assert f"([log excerpt]({row['excerpt']}))" in md and f"[**no**]({row['excerpt']})" in md
+
+
+@pytest.mark.parametrize("change, violation", [
+    ({"after": {}}, f"tiny {F2P}: missing after"),
+    ({"problems": ["tiny after: 3 modules imported from outside the stage's tree, e.g. /x.py"]},
+     "tiny after: 3 modules imported from outside the stage's tree, e.g. /x.py"),
+    ({"fail_to_pass": set()}, "tiny: no FAIL_TO_PASS upstream test declared in [tiny.gate]"),
+])
+def test_violations(change, violation):
+    _, violations, _ = grading.judge(upstream(**change))
+    assert violation in violations
+
+
+def test_declared_fix_check_is_reported_with_its_reason_and_skipped_files():
+    up = upstream(check="fix", reason="one import line of tests/test_data_loader.py differs",
+                  skipped=["tests/test_data_loader.py"])
+    doc, md, _ = grading.report([up], META)
+    assert doc["upstreams"]["tiny"]["check"] == "fix"
+    assert doc["upstreams"]["tiny"]["skipped_upstream_tests"] == ["tests/test_data_loader.py"]
+    assert "**fix only** (one import line of tests/test_data_loader.py differs)" in md
