@@ -20,6 +20,10 @@ PYTEST_ARGS ?=
 REPEAT ?= 10
 # Extra options of `make bench` (python -m scripts.bench --help), e.g. `--repeat 9`, `--profile-gate`, `--cold-apply`.
 BENCH_ARGS ?=
+# `make matrix`: DEPS=0 gates the releases in the kit's venv only (no dependency axis); MATRIX_JOBS gate runs at once
+# (one per upstream at most).
+DEPS ?= 1
+MATRIX_JOBS ?= 2
 # `make upstream SOURCE=git` (or apply): a missing base comes from the upstream's git tag, not the sdist.
 SOURCE ?= sdist
 # `make export RESIGN=1`: re-sign the series with your git identity (author and Signed-off-by) first.
@@ -28,6 +32,8 @@ RESIGN ?=
 DISCARD ?=
 
 PY := $(VENV)/bin/python
+# Every package of the venv at its locked version (`make lock` regenerates it); pip constraints of every install.
+CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.kit-venv
 TOOLS := .tools
 TOOLS_STAMP := $(TOOLS)/.kit-tools
@@ -36,28 +42,29 @@ UPSTREAM = $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix pr clean check-python
+.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix lock pr clean check-python
 
 help: ## list the targets and variables
 	@echo "Targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
 	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
-	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N GATE_JOBS BENCH_ARGS"
+	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N GATE_JOBS BENCH_ARGS DEPS=0|1 MATRIX_JOBS"
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || \
 	  { echo "error: $(PYTHON) is not Python 3.11: install it or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 
-# The venv is remade when requirements/kit.txt changes or TORCH differs from the one it was made with.
+# The venv is brought up to date when requirements/kit.txt or the lock changes, or TORCH differs from the one it was
+# made with: every locked package is installed at its locked version (-r $(CONSTRAINTS)), so the venv follows the lock.
 ifneq ($(shell cat $(STAMP) 2>/dev/null),$(TORCH))
 .PHONY: $(STAMP)
 endif
-$(STAMP): requirements/kit.txt | check-python
+$(STAMP): requirements/kit.txt $(CONSTRAINTS) | check-python
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(PIP_OPTS) "$(TORCH)"
-	$(PY) -m pip install --quiet $(PIP_OPTS) -r requirements/kit.txt
+	$(PY) -m pip install --quiet $(PIP_OPTS) -c $(CONSTRAINTS) "$(TORCH)"
+	$(PY) -m pip install --quiet $(PIP_OPTS) -c $(CONSTRAINTS) -r requirements/kit.txt -r $(CONSTRAINTS)
 	@echo "$(TORCH)" > $@
 
 venv: $(STAMP) ## create .venv with the pinned tools (torch, torchdata, pytest, ...)
@@ -74,7 +81,7 @@ upstream: check-python ## make the pristine checkouts upstream/<name> (tag base/
 
 apply: $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
 	@$(call UPSTREAM,$(PY),apply)
-	@$(call UPSTREAM,$(PY),install)
+	@PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(call UPSTREAM,$(PY),install)
 
 unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)
 	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(DISCARD),--discard)
@@ -103,8 +110,11 @@ bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate 
 lint: $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
 	@$(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
 
-matrix: $(STAMP) ## every pinned release: series applied? gate verdict? table in build/matrix/report.md (slow)
-	@$(PY) -m scripts.matrix
+matrix: $(STAMP) ## every pinned release gated as it declares, x torchdata / numpy versions (DEPS=0: not); build/matrix/report.md (slow)
+	@$(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(filter 0,$(DEPS)),--no-deps)
+
+lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
+	@$(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
 
 pr: ## the pull-request bodies build/pr/<name>.md: docs/pr/<name>.md + the gate's table + the commands
 	@$(PYTHON) -m scripts.pr
