@@ -20,7 +20,8 @@ declared check and reports it (report.json ``check``); a row meets its declarati
 reports the declared check.
 
 Upstreams run in parallel (``--jobs``, one gate at a time per upstream, so two runs never share a checkout's
-worktrees); each upstream's rows run one after another. Writes ``build/matrix/report.{json,md}``.
+worktrees): each upstream's rows in the kit's venv first, then those of its other venvs, which one more thread
+makes meanwhile. Writes ``build/matrix/report.{json,md}``.
 Exit status 0 exactly when every row meets its declaration; 1 otherwise, naming each row that does not.
 """
 
@@ -35,7 +36,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
@@ -209,40 +210,45 @@ def gate_row(runner: Runner, row: Row, python: str, args: argparse.Namespace) ->
     return row
 
 
-def upstream_rows(runner: Runner, name: str, entry: dict, args: argparse.Namespace) -> list[Row]:
-    """Every row of one upstream, gated one after another: per dependency version, its venv, then each release."""
+def venv_for(runner: Runner, axis: dict, version: str | None, args: argparse.Namespace) -> tuple[str, str, list[str]]:
+    """(Python, venv label, notes) for one dependency version: the kit's venv (``version`` None, or the locked
+    version) or its own venv (variant_venv, timed); Python '' when it cannot be gated (the notes say why)."""
+    if version is None:
+        return sys.executable, "kit", []
+    if lock.read(args.constraints).get(lock.canonical(axis["package"])) == version:
+        python, notes = kit_venv(axis, version)
+        return python, "kit", notes
+    started = time.monotonic()
+    python, notes = variant_venv(runner, axis, version, args)
+    label = os.path.relpath(args.out / f"venv-{axis['package']}-{version}", sources.KIT_ROOT)
+    return python, label, [*notes, f"venv made or checked in {round(time.monotonic() - started, 1)} s"]
+
+
+def upstream_rows(runner: Runner, name: str, entry: dict, built: dict[str, Future], args: argparse.Namespace
+                  ) -> list[Row]:
+    """Every row of one upstream, gated one after another: first in the kit's venv, then in each venv of its own as
+    ``built`` (dependency version -> Future of venv_for) delivers it. Rows come back in the axis' order."""
     axis = {} if args.no_deps else entry.get("matrix", {})
-    releases = sorted(entry["releases"], key=version_key)
-    locked = lock.read(args.constraints) if axis else {}
-    rows, versions = [], axis.get("versions", [None])
-    for version in versions:
-        started = time.monotonic()
-        if version is None:
-            python, notes, dependency, venv = sys.executable, [], "", "kit"
-        elif locked.get(lock.canonical(axis["package"])) == version:
-            (python, notes), dependency, venv = kit_venv(axis, version), f"{axis['package']} {version}", "kit"
-        else:
-            python, notes = variant_venv(runner, axis, version, args)
-            dependency = f"{axis['package']} {version}"
-            venv = os.path.relpath(args.out / f"venv-{axis['package']}-{version}", sources.KIT_ROOT)
-        venv_s = round(time.monotonic() - started, 1)
+    releases, versions = sorted(entry["releases"], key=version_key), axis.get("versions", [None])
+    rows = []
+    for version in sorted(versions, key=lambda v: v in built):  # the kit's venv first: no wait
+        python, venv, notes = built[version].result() if version in built else venv_for(runner, axis, version, args)
+        dependency = f"{axis['package']} {version}" if version else ""
         for release in releases:
             declared = entry["releases"][release].get("check", "series")
-            reason = entry["releases"][release].get("reason", "")
-            row = Row(name, release, dependency, venv, declared, notes=tuple(notes))
+            row = Row(name, release, dependency, venv, declared)
             started = time.monotonic()
             if python and not runner.stopped.is_set():
                 gate_row(runner, row, python, args)
-                row.notes = (*notes, *row.notes)
-            if declared != "series" and version == versions[0]:
-                row.notes = (f"declares check '{declared}': {reason or 'no reason given'}", *row.notes)
             row.wall_s = round(time.monotonic() - started, 1)
-            if venv != "kit" and release == releases[0]:
-                row.notes = (*row.notes, f"venv made or checked in {venv_s} s")
+            reason = [f"declares check '{declared}': {entry['releases'][release].get('reason', 'no reason given')}"]
+            row.notes = (*(reason if declared != "series" and version == versions[0] else []),
+                         *(notes if release == releases[0] or not python else []), *row.notes)
             print(f"matrix {row.name}: check {row.check} (declared {row.declared}), gate {row.gate}, "
                   f"{'meets' if row.meets else 'DOES NOT MEET'} its declaration ({row.wall_s} s)", flush=True)
             rows.append(row)
-    return rows
+    return sorted(rows, key=lambda r: (versions.index(r.dependency.split()[-1] if r.dependency else None),
+                                       version_key(r.release)))
 
 
 def make_bases(table: dict, args: argparse.Namespace) -> None:
@@ -307,8 +313,19 @@ def main(argv: list[str] | None = None) -> int:
         table = sources.load(args.sources)
         table = {args.only: table[args.only]} if args.only else table
         make_bases(table, args)
-        with launch.sigterm_as_interrupt(), ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = [pool.submit(upstream_rows, runner, name, entry, args) for name, entry in table.items()]
+        # One thread makes the venvs of the dependency axis, in the order the upstreams need them, while the
+        # upstreams' rows in the kit's venv are gated.
+        with (launch.sigterm_as_interrupt(), ThreadPoolExecutor(max_workers=1) as builder,
+              ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool):
+            built = {name: {} for name in table}
+            for name, entry in table.items():
+                axis = {} if args.no_deps else entry.get("matrix", {})
+                locked = lock.read(args.constraints) if axis else {}
+                for version in axis.get("versions", []):
+                    if locked.get(lock.canonical(axis["package"])) != version:
+                        built[name][version] = builder.submit(venv_for, runner, axis, version, args)
+            futures = [pool.submit(upstream_rows, runner, name, entry, built[name], args)
+                       for name, entry in table.items()]
             try:
                 rows = [row for future in futures for row in future.result()]
             except BaseException:
