@@ -26,12 +26,10 @@ Exit status 0 exactly when every row meets its declaration; 1 otherwise, naming 
 """
 
 import argparse
-import contextlib
 import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -46,8 +44,6 @@ from scripts import KitError, last_line, launch, lock, sources, upstream
 OUT = sources.KIT_ROOT / "build" / "matrix"
 # No single pip install or gate run of the matrix takes this long (seconds); past it the run is killed.
 TIMEOUT_S = 3600
-# After Ctrl-C, how long a running gate gets to clean up before it is killed (seconds).
-STOP_GRACE_S = 10
 
 
 @dataclass
@@ -110,18 +106,13 @@ class Runner:
         return None if self.stopped.is_set() else returncode
 
     def stop(self) -> None:
-        """Refuse new commands; interrupt every running one (SIGINT to its process group, as Ctrl-C, so a gate can
-        put its worktrees away), and kill what still runs STOP_GRACE_S seconds later."""
+        """Refuse new commands and kill every running one with every process below it (launch.kill_tree: the
+        processes are listed before any is killed, so none is orphaned and missed). A gate killed so leaves work
+        trees in its ``--out``, which its next run removes."""
         self.stopped.set()
         with self.lock:
             running = list(self.running)
         for proc in running:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGINT)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for proc in running:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             launch.kill_tree(proc)
 
 
@@ -187,7 +178,7 @@ def kit_venv(axis: dict, version: str) -> tuple[str, list[str]]:
 def gate_row(runner: Runner, row: Row, python: str, args: argparse.Namespace) -> Row:
     """Run the gate for ``row`` with ``python``; fill in its verdict, check, counts and notes from report.json."""
     out = args.out / row.name.replace(" with ", "-").replace(" ", "-")
-    shutil.rmtree(out, ignore_errors=True)
+    (out / "report.json").unlink(missing_ok=True)
     command = [python, "-m", "scripts.gate", "--only", row.upstream, "--version", f"{row.upstream}={row.release}",
                f"--out={out}", f"--sources={args.sources}", f"--checkouts={args.checkouts}",
                f"--patches={args.patches}", f"--suites={args.suites}"]
@@ -334,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("matrix: interrupted; every gate and pip run it started was killed", file=sys.stderr)
+        return 130
     md = write_report(rows, args.out, round(time.monotonic() - started, 1), args.jobs)
     print("\n" + md)
     failing = [row.name for row in rows if not row.meets]
