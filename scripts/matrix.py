@@ -176,15 +176,18 @@ def kit_venv(axis: dict, version: str) -> tuple[str, list[str]]:
 
 
 def gate_row(runner: Runner, row: Row, python: str, args: argparse.Namespace) -> Row:
-    """Run the gate for ``row`` with ``python``; fill in its verdict, check, counts and notes from report.json."""
+    """Run the gate for ``row`` with ``python`` (its stages one at a time: the matrix runs upstreams side by side);
+    fill in its verdict, check, counts and notes from its report.json. The row meets its declaration when the gate
+    exits 0, ran the declared check, and records the row's dependency version in its environment (``versions``)."""
     out = args.out / row.name.replace(" with ", "-").replace(" ", "-")
     (out / "report.json").unlink(missing_ok=True)
     command = [python, "-m", "scripts.gate", "--only", row.upstream, "--version", f"{row.upstream}={row.release}",
                f"--out={out}", f"--sources={args.sources}", f"--checkouts={args.checkouts}",
-               f"--patches={args.patches}", f"--suites={args.suites}"]
+               f"--patches={args.patches}", f"--suites={args.suites}", "--jobs=1"]
     code = runner.run(command, out / "gate.log")
     try:
-        result = json.loads((out / "report.json").read_text())["upstreams"][row.upstream]
+        doc = json.loads((out / "report.json").read_text())
+        result = doc["upstreams"][row.upstream]
     except (OSError, ValueError, KeyError):
         row.gate = "timed out" if code is None else "no report"
         row.notes = (f"the gate wrote no report: {error_of(out / 'gate.log')} (log: {out / 'gate.log'})",)
@@ -192,11 +195,19 @@ def gate_row(runner: Runner, row: Row, python: str, args: argparse.Namespace) ->
     row.gate = "pass" if code == 0 else "fail"
     row.check = result.get("check", "-")
     row.FAIL_TO_PASS, row.PASS_TO_PASS = len(result["FAIL_TO_PASS"]), len(result["PASS_TO_PASS"])
-    row.meets = code == 0 and row.check == row.declared
-    notes = [*result["violations"][:3]] + ([f"... {len(result['violations']) - 3} more"]
-                                            if len(result["violations"]) > 3 else [])
+    violations = result["violations"]
+    notes = violations[:3] + ([f"... {len(violations) - 3} more (report: {out / 'report.md'})"]
+                              if len(violations) > 3 else [])
+    if result.get("skipped_upstream_tests"):
+        notes.append(f"upstream test files skipped (their hunks do not apply): "
+                     f"{', '.join(result['skipped_upstream_tests'])}")
     if row.check != row.declared:
         notes.append(f"declares check '{row.declared}', the gate ran '{row.check}'")
+    package, _, version = row.dependency.partition(" ")
+    ran_with = doc.get("versions", {}).get(package, "") if package else version
+    if ran_with.split("+")[0] != version:
+        notes.append(f"the gate ran with {package} {ran_with or 'unknown'}, not {version}")
+    row.meets = code == 0 and row.check == row.declared and ran_with.split("+")[0] == version
     row.notes = tuple(notes)
     return row
 
