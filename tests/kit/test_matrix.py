@@ -6,6 +6,9 @@ be 2). The matrix runs the real gate (``python -m scripts.gate``) as a child pro
 """
 
 import json
+import threading
+import time
+from pathlib import Path
 
 from scripts import matrix
 from scripts.checkout import git, rev
@@ -54,3 +57,30 @@ def test_release_that_fails_its_declaration_exits_1_naming_it(kit, capsys):
     assert any("FAIL_TO_PASS test failed after the series" in note for note in row["notes"])
     assert "matrix: tiny 1.0 does not meet its declaration" in err
     assert "| tiny | 1.0 | - | kit | series | series | fail | 2 | 1 |" in out
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, killed but not yet reaped, does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_stop_kills_every_running_command_and_what_it_started(tmp_path):
+    runner = matrix.Runner()
+    pids = tmp_path / "pids"
+    # A command that starts a child in a session of its own, as torch.distributed.run does with its ranks.
+    script = f"setsid sleep 300 & echo $! > {pids}; sleep 300"
+    thread = threading.Thread(target=runner.run, args=(["sh", "-c", script], tmp_path / "log"))
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    [child] = [int(pids.read_text())]
+    runner.stop()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert not alive(child)
+    assert runner.run(["true"], tmp_path / "log") is None  # nothing new starts once stopped
