@@ -133,7 +133,8 @@ def variant_venv(runner: Runner, axis: dict, version: str, args: argparse.Namesp
 
     The requirements are every line of the lock with the package at ``version`` and the packages of
     ``axis["unpin"]`` unversioned; ``torch`` is ``args.torch``. The venv is reused while a stamp file in it holds
-    the same requirements, pip options and torch. Notes name the version pip chose for each unpinned package.
+    the same requirements, pip options and torch. Notes name the version pip chose for each unpinned package, and
+    what ``pip check`` finds in the venv, if anything.
     """
     package, probe = axis["package"], axis.get("import", axis["package"])
     venv = args.out / f"venv-{package}-{version}"
@@ -161,7 +162,10 @@ def variant_venv(runner: Runner, axis: dict, version: str, args: argparse.Namesp
     if runner.run([str(python), "-c", code], log) != 0:
         return "", [f"`import {probe}` fails with {package} {version}: {error_of(log)}"]
     chosen = log.read_text().splitlines()[-len(unpin):] if unpin else []
-    return str(python), [f"{line.replace(' ', ' unpinned, pip chose ', 1)}" for line in chosen]
+    notes = [f"{line.replace(' ', ' unpinned, pip chose ', 1)}" for line in chosen]
+    if runner.run([str(python), "-m", "pip", "check"], log) != 0:
+        notes.append(f"`pip check` is not clean: {last_line(log.read_text())}")
+    return str(python), notes
 
 
 def kit_venv(axis: dict, version: str) -> tuple[str, list[str]]:
