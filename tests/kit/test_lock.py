@@ -14,8 +14,8 @@ from scripts import KitError, lock
 
 def test_venv_matches_the_lock():
     problems = lock.drift(lock.read(), lock.installed(), lock.free_of_lock())
-    assert not problems, ("the venv drifted from requirements/constraints.txt (run `make apply`, or `make lock` to "
-                          "change the lock):\n" + "\n".join(problems))
+    assert not problems, ("the venv drifted from requirements/constraints.txt (remake it: `rm -rf .venv && make "
+                          "apply`; or change the lock: `make lock`):\n" + "\n".join(problems))
 
 
 def test_venv_passes_pip_check():
