@@ -23,6 +23,10 @@ ON ?= checkouts
 SCENARIOS ?=
 # Extra options of `make bench` (python -m scripts.bench --help), e.g. `--repeat 9`, `--profile-gate`, `--cold-apply`.
 BENCH_ARGS ?=
+# `make matrix`: DEPS=0 gates the releases in the kit's venv only (no dependency axis); MATRIX_JOBS gate runs at once
+# (one per upstream at most).
+DEPS ?= 1
+MATRIX_JOBS ?= 2
 # `make upstream SOURCE=git` (or apply): a missing base comes from the upstream's git tag, not the sdist.
 SOURCE ?= sdist
 # `make export RESIGN=1`: re-sign the series with your git identity (author and Signed-off-by) first.
@@ -31,6 +35,8 @@ RESIGN ?=
 DISCARD ?=
 
 PY := $(VENV)/bin/python
+# Every package of the venv at its locked version (`make lock` regenerates it); pip constraints of every install.
+CONSTRAINTS := requirements/constraints.txt
 STAMP := $(VENV)/.kit-venv
 TOOLS := .tools
 TOOLS_STAMP := $(TOOLS)/.kit-tools
@@ -43,8 +49,8 @@ UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix pr clean check-python \
-	need-venv lint-ready apply-ready
+.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix lock pr clean \
+	check-python need-venv lint-ready apply-ready
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -52,21 +58,22 @@ help: ## list the targets and variables
 	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
 	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
 	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N LOAD=N ON SCENARIOS GATE_JOBS BENCH_ARGS"
-	@echo "           KIT_URL (make pr)"
+	@echo "           DEPS=0|1 MATRIX_JOBS KIT_URL (make pr)"
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null || \
 	  { echo "error: $(PYTHON) is not Python 3.11: install it or run make PYTHON=/path/to/python3.11" >&2; exit 1; }
 
-# The venv is remade when requirements/kit.txt changes or TORCH differs from the one it was made with.
+# The venv is brought up to date when requirements/kit.txt or the lock changes, or TORCH differs from the one it was
+# made with: every locked package is installed at its locked version (-r $(CONSTRAINTS)), so the venv follows the lock.
 ifneq ($(shell cat $(STAMP) 2>/dev/null),$(TORCH))
 .PHONY: $(STAMP)
 endif
-$(STAMP): requirements/kit.txt | check-python
+$(STAMP): requirements/kit.txt $(CONSTRAINTS) | check-python
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) "$(TORCH)"
-	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) -r requirements/kit.txt
+	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) -c $(CONSTRAINTS) "$(TORCH)"
+	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) -c $(CONSTRAINTS) -r requirements/kit.txt -r $(CONSTRAINTS)
 	@echo "$(TORCH)" > $@
 
 venv: $(STAMP) ## create .venv with the pinned tools (torch, torchdata, pytest, ...)
@@ -87,7 +94,7 @@ apply-ready: check-python
 
 apply: apply-ready $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
 	@$(call UPSTREAM,$(PY),apply)
-	@$(call UPSTREAM,$(PY),install)
+	@PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(call UPSTREAM,$(PY),install)
 
 unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)
 	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(DISCARD),--discard)
@@ -127,8 +134,11 @@ lint-ready: check-python
 lint: lint-ready $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
 	@$(LOCK) $(LINT)
 
-matrix: need-venv ## every pinned release: series applied? gate verdict? table in build/matrix/report.md (slow)
-	@$(LOCK) $(PY) -m scripts.matrix
+matrix: need-venv ## every pinned release gated as it declares, x torchdata / numpy versions (DEPS=0: not); build/matrix/report.md (slow)
+	@$(LOCK) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(filter 0,$(DEPS)),--no-deps)
+
+lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
+	@$(LOCK) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
 
 pr: ## the pull-request bodies build/pr/<name>.md: docs/pr/<name>.md + the gate's table + the commands
 	@$(LOCK) $(PYTHON) -m scripts.pr
