@@ -191,13 +191,14 @@ def load(sampler, state, shape):
 def resumed_run(tmp_path, run, resume_at, reshape=None, weights_only=False, **kwargs):
     """``resume_at`` batches, a checkpoint, then a new sampler that loads it and yields the rest.
 
-    ``reshape`` (optional) turns the saved state into another shape before it is loaded.
+    ``reshape(state, sampler)`` (optional) turns the saved state of ``sampler`` into another shape before it is
+    loaded.
     """
     first = make_sampler(tmp_path, run, **kwargs)
     head = take(first, resume_at)
     state = through_checkpoint(first.state_dict(), weights_only=weights_only)
     second = make_sampler(tmp_path, run, **kwargs)
-    load(second, reshape(state) if reshape else state, reshape.__name__ if reshape else "state_dict()")
+    load(second, reshape(state, first) if reshape else state, reshape.__name__ if reshape else "state_dict()")
     return head + take(second, NUM_BATCHES - resume_at)
 
 
@@ -287,26 +288,33 @@ def legacy_shape(state):
     return legacy
 
 
-def open_prs_shape(state):
-    """The state as the open PRs #8406 and #8425 write it: the generator's state under "np_rng_state"."""
+def open_prs_shape(state, sampler):
+    """The state of ``sampler`` as the open PRs #8406 and #8425 write it: its generator's state (taken from the
+    sampler, so that the base builds the same shape) under "np_rng_state"."""
     reshaped = {key: state[key] for key in OLD_FORMAT_KEYS}
-    reshaped["np_rng_state"] = state["np_rng_bit_generator_state"]
+    reshaped["np_rng_state"] = sampler.np_rng.bit_generator.state
     return reshaped
 
 
 def load_legacy_state(tmp_path, global_rank=0):
-    """A sampler (of ``global_rank``) that loaded a legacy state saved after 5 batches; the warnings it logged."""
+    """A sampler (of ``global_rank``) that loaded a legacy state saved after 5 batches.
+
+    Returns the sampler, the warnings it logged, and the next draws of numpy's global RNG just before and just
+    after ``load_state_dict()`` (training used the global RNG between saving and loading).
+    """
     sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
     take(sampler, 5)  # an odd count: one micro-batch of the current global batch is still pending
-    state = legacy_shape(through_checkpoint(sampler.state_dict()))
+    state = through_checkpoint(legacy_shape(sampler.state_dict()))
+    np.random.random_sample(3)  # training goes on and uses numpy's global RNG
     resumed = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS, global_rank=global_rank)
     handler = WarningRecords()
     deepspeed_logger.addHandler(handler)
+    draws_before = peek_global_numpy_draws()
     try:
-        load(resumed, through_checkpoint(state), "legacy")
+        load(resumed, state, "legacy")
     finally:
         deepspeed_logger.removeHandler(handler)
-    return resumed, [record.getMessage() for record in handler.records]
+    return resumed, [record.getMessage() for record in handler.records], draws_before, peek_global_numpy_draws()
 
 
 @pytest.mark.regression("deepspeed", 8787)
@@ -325,9 +333,7 @@ def test_legacy_state_logs_nothing_on_other_ranks(tmp_path):
 def test_legacy_state_restarts_from_seed_and_leaves_global_numpy_rng_alone(tmp_path):
     expected_batches = take(make_sampler(tmp_path, "uninterrupted", SEVERAL_CLUSTERS), NUM_BATCHES)
     np.random.seed(21)
-    expected_draws = peek_global_numpy_draws()
-    resumed = load_legacy_state(tmp_path)[0]
-    actual_draws = peek_global_numpy_draws()
+    resumed, _, expected_draws, actual_draws = load_legacy_state(tmp_path)
     index = first_divergence(expected_draws, actual_draws)
     assert index is None, f"loading a legacy state moved numpy's global RNG (first changed draw: index {index})"
     # The legacy state holds nothing of the sampler's generator: it starts from the seed; the pending micro-batch

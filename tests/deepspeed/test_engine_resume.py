@@ -96,8 +96,8 @@ def assert_resumed_from(result, skipped):
     expected = uninterrupted[len(before) + skipped :][: len(after)]
     index = first_difference(expected, after[: len(expected)])
     assert index is None, (
-        f"rank {result['rank']}: resumed after micro-batch {len(before) - 1}, micro-batch {len(before) + index} "
-        f"(the {index + 1}. after the resume) differs from the uninterrupted run: resumed {after[index]}, "
+        f"rank {result['rank']}: checkpoint after micro-batch {len(before) - 1}; micro-batch {len(before) + index} is "
+        f"the first to differ from the uninterrupted run ({index} matched after the resume): resumed {after[index]}, "
         f"uninterrupted {expected[index]}"
     )
 
