@@ -19,35 +19,13 @@ import traceback
 
 import deepspeed
 import deepspeed.comm as dist
-import numpy as np
 import torch
-from deepspeed.runtime.data_pipeline.data_sampling.utils import close_mmap_dataset_builder, create_mmap_dataset_builder
+from scenarios import ONE_EPOCH, SEED, SEVERAL_CLUSTERS, SINGLE_CLUSTER, with_index_to_sample  # next to this script
 
-NUM_SAMPLES = 48
 MICRO_BATCH = 2
 GRADIENT_ACCUMULATION = 2
 STEPS_BEFORE_SAVE = 5  # optimizer steps before the checkpoint; the run passes an epoch and a reshuffle after it
 STEPS_AFTER = 10  # optimizer steps compared after the resume
-
-# One cluster holding the whole dataset: the batch order and the reshuffle are random.
-SINGLE_CLUSTER = {
-    "clustering_type": "single_cluster",
-    "difficulty_type": "value",
-    "min_difficulty": 1,
-    "max_difficulty": 3,
-    "schedule_type": "fixed_discrete",
-    "schedule_config": {"difficulty": [1, 2, 3], "max_step": [2, 4]},
-}
-# Percentile clusters over a toy index_to_sample map: 24 samples from step 1, 12 more from step 3, 12 from step 5;
-# the per-cluster mix of each global batch is drawn too.
-SEVERAL_CLUSTERS = {
-    "clustering_type": "schedule_based",
-    "difficulty_type": "percentile",
-    "min_difficulty": 2,
-    "max_difficulty": 4,
-    "schedule_type": "fixed_discrete",
-    "schedule_config": {"difficulty": [2, 3, 4], "max_step": [2, 4]},
-}
 # name: (difficulty metric, data_sampling.num_workers)
 SCENARIOS = {
     "single_cluster": (SINGLE_CLUSTER, 0),
@@ -56,30 +34,20 @@ SCENARIOS = {
 }
 
 
-def index_to_sample(out_dir):
-    """The data analyzer's index_to_sample map (row i: the samples of the i-th metric value), built by rank 0."""
-    path = os.path.join(out_dir, "index_to_sample")
-    if dist.get_rank() == 0 and not os.path.exists(path + ".idx"):
-        os.makedirs(out_dir, exist_ok=True)
-        builder = create_mmap_dataset_builder(path, np.uint8)
-        for row in np.split(np.random.default_rng(0).permutation(NUM_SAMPLES), 8):
-            builder.add_item_numpy(row)
-        close_mmap_dataset_builder(builder, path)
-    dist.barrier()
-    return path
-
-
 def engine_for(metric, num_workers, cluster_dir):
-    metric = dict(metric)
-    if metric["clustering_type"] != "single_cluster":
-        metric["index_to_sample_path"] = index_to_sample(os.path.dirname(cluster_dir))
+    root = os.path.dirname(cluster_dir)
+    if dist.get_rank() == 0:  # writes the index_to_sample map (once) for every rank
+        os.makedirs(root, exist_ok=True)
+        with_index_to_sample(metric, root)
+    dist.barrier()
+    metric = with_index_to_sample(metric, root)
     config = {
         "train_micro_batch_size_per_gpu": MICRO_BATCH,
         "gradient_accumulation_steps": GRADIENT_ACCUMULATION,
         "steps_per_print": 10**6,
         "data_efficiency": {
             "enabled": True,
-            "seed": 1234,
+            "seed": SEED,
             "data_sampling": {
                 "enabled": True,
                 "num_epochs": 10,
@@ -94,7 +62,7 @@ def engine_for(metric, num_workers, cluster_dir):
     }
     torch.manual_seed(0)
     model = torch.nn.Linear(1, 1)
-    dataset = [torch.tensor([float(i)]) for i in range(NUM_SAMPLES)]
+    dataset = [torch.tensor([float(i)]) for i in range(ONE_EPOCH)]
     engine, _, loader, _ = deepspeed.initialize(
         model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), training_data=dataset, config=config
     )

@@ -38,13 +38,12 @@ import pytest
 import torch
 from deepspeed.runtime.data_pipeline.data_sampling import data_sampler as data_sampler_module
 from deepspeed.runtime.data_pipeline.data_sampling.data_sampler import DeepSpeedDataSampler
-from deepspeed.runtime.data_pipeline.data_sampling.utils import close_mmap_dataset_builder, create_mmap_dataset_builder
 from deepspeed.utils import logger as deepspeed_logger
+
+from tests.deepspeed.scenarios import ONE_EPOCH, SCENARIOS, SEED, SEVERAL_CLUSTERS, with_index_to_sample
 
 pytestmark = pytest.mark.usefixtures("stub_collectives")
 
-SEED = 1234
-ONE_EPOCH = 48  # samples in one epoch of the toy dataset
 NUM_BATCHES = 24  # micro-batches compared per run; every scenario below passes an epoch and a reshuffle by then
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "upstream" / "deepspeed"  # the kit's checkout (make upstream)
@@ -60,27 +59,6 @@ OLD_FORMAT_KEYS = (
     "data_cluster_current_position",
     "np_rng_state",
 )
-
-# One cluster holding the whole dataset: the mix is trivial, the batch order and the reshuffle are random.
-SINGLE_CLUSTER = {
-    "clustering_type": "single_cluster",
-    "difficulty_type": "value",
-    "min_difficulty": 1,
-    "max_difficulty": 3,
-    "schedule_type": "fixed_discrete",
-    "schedule_config": {"difficulty": [1, 2, 3], "max_step": [3, 6]},
-}
-# Percentile-based clusters (quartiles of the toy dataset): 24 samples from step 1, 12 more from step 4 and the
-# last 12 from step 7, so the per-cluster mix of each global batch is drawn too.
-SEVERAL_CLUSTERS = {
-    "clustering_type": "schedule_based",
-    "difficulty_type": "percentile",
-    "min_difficulty": 2,
-    "max_difficulty": 4,
-    "schedule_type": "fixed_discrete",
-    "schedule_config": {"difficulty": [2, 3, 4], "max_step": [3, 6]},
-}
-SCENARIOS = {"single_cluster": SINGLE_CLUSTER, "several_clusters": SEVERAL_CLUSTERS}
 
 
 class FakeGroup:
@@ -110,17 +88,7 @@ def make_sampler(
     broadcast stubbed, a sampler built for data-parallel rank r with ``global_rank=0`` yields what rank r
     receives.
     """
-    metric = dict(metric)
-    if metric["clustering_type"] != "single_cluster":
-        index_path = tmp_path / "index_to_sample"
-        if not (tmp_path / "index_to_sample.idx").exists():
-            # The data analyzer's index_to_sample map: row i lists the samples of the i-th metric value.
-            ids = np.random.default_rng(0).permutation(ONE_EPOCH)
-            builder = create_mmap_dataset_builder(str(index_path), np.uint8)
-            for row in np.split(ids, 8):
-                builder.add_item_numpy(row)
-            close_mmap_dataset_builder(builder, str(index_path))
-        metric["index_to_sample_path"] = str(index_path)
+    metric = with_index_to_sample(metric, str(tmp_path))
     config = {
         "seed": seed,
         "data_sampling": {
