@@ -1,16 +1,17 @@
 """Fixtures for the DeepSpeed regression suite (DeepSpeed issue #8787).
 
 The curriculum data sampler calls two collectives, ``deepspeed.comm.barrier`` (after building a difficulty
-cluster) and ``deepspeed.comm.broadcast`` (to send each global batch from global rank 0). These tests run in
-one process without a process group, so both are replaced by no-ops for the duration of each test. With
-``global_rank=0`` the sampler draws the global batch itself and the broadcast has nothing to deliver.
+cluster) and ``deepspeed.comm.broadcast`` (to send each global batch from global rank 0). The sampler-level tests
+run in one process without a process group and ask for ``stub_collectives``, which replaces both by no-ops for the
+duration of each test. With ``global_rank=0`` the sampler draws the global batch itself and the broadcast has
+nothing to deliver. The engine-level tests launch real processes and stub nothing.
 """
 
 import numpy as np
 import pytest
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def stub_collectives(monkeypatch):
     """Replace ``barrier`` and ``broadcast`` where the sampler module looks them up; monkeypatch restores them."""
     from deepspeed.runtime.data_pipeline.data_sampling import data_sampler

@@ -9,28 +9,45 @@ line 324) and ``load_state_dict()`` writes it back (``np.random.set_state``, lin
 starts its generator from the seed again and yields other batches than an uninterrupted run, and loading rolls
 numpy's global RNG back. Earlier report of the same defect: DeepSpeed #8405.
 
-Tests marked ``regression("deepspeed", 8787)`` reproduce the bug: they fail on the base and pass with the
-series. The other tests are guards that pass on both: the scenarios really cross an epoch, a cluster reshuffle
-and several difficulty clusters; the data-parallel slicing follows the group's size; a state dict written by
-older DeepSpeed keeps its old behaviour, and one written now still loads in older DeepSpeed; the seed matters.
+Tests marked ``regression("deepspeed", 8787)`` reproduce the bug or a demand on its fix: they fail on the base
+and pass with the series. Besides exact resume they cover every sampler state in the wild: the series' own; the
+shape of the open PRs #8406 and #8425 (the generator's ``bit_generator.state`` under ``"np_rng_state"``), which the
+base rejects; the legacy one (numpy's global RandomState tuple only), which must load, restart the sampler's
+stream from the seed, warn once on global rank 0 and leave numpy's global RNG alone; and loading with
+``torch.load(weights_only=True)``, torch's default since 2.6 and what DeepSpeed's Fast and Decoupled checkpoint
+engines call (DeepSpeed #8500). The other tests are guards that pass on both: the scenarios really cross an epoch,
+a cluster reshuffle and several difficulty clusters; the data-parallel slicing follows the group's size; a state
+written now loads in the pristine release's own ``load_state_dict`` (imported from the base tree); the seed
+matters.
 
 Every resumed run is compared with an uninterrupted run of the same configuration (no hard-coded batches), and
-the state goes through ``torch.save``/``torch.load`` as it does in a checkpoint.
+the state goes through ``torch.save``/``torch.load`` as it does in a checkpoint. The collectives are stubbed
+(``stub_collectives`` in conftest.py); ``test_engine_resume.py`` runs the engine with real ones.
 """
 
+import importlib.util
 import io
 import logging
+import pickle
+import subprocess
+from pathlib import Path
 
+import deepspeed
 import numpy as np
 import pytest
 import torch
+from deepspeed.runtime.data_pipeline.data_sampling import data_sampler as data_sampler_module
 from deepspeed.runtime.data_pipeline.data_sampling.data_sampler import DeepSpeedDataSampler
-from deepspeed.runtime.data_pipeline.data_sampling.utils import close_mmap_dataset_builder, create_mmap_dataset_builder
 from deepspeed.utils import logger as deepspeed_logger
 
-SEED = 1234
-ONE_EPOCH = 48  # samples in one epoch of the toy dataset
+from tests.deepspeed.scenarios import ONE_EPOCH, SCENARIOS, SEED, SEVERAL_CLUSTERS, with_index_to_sample
+
+pytestmark = pytest.mark.usefixtures("stub_collectives")
+
 NUM_BATCHES = 24  # micro-batches compared per run; every scenario below passes an epoch and a reshuffle by then
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "upstream" / "deepspeed"  # the kit's checkout (make upstream)
+SAMPLER_PATH = "deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py"
 
 # The keys of the sampler state as DeepSpeed wrote it before the fix (data_pipeline/constants.py).
 OLD_FORMAT_KEYS = (
@@ -43,27 +60,6 @@ OLD_FORMAT_KEYS = (
     "np_rng_state",
 )
 
-# One cluster holding the whole dataset: the mix is trivial, the batch order and the reshuffle are random.
-SINGLE_CLUSTER = {
-    "clustering_type": "single_cluster",
-    "difficulty_type": "value",
-    "min_difficulty": 1,
-    "max_difficulty": 3,
-    "schedule_type": "fixed_discrete",
-    "schedule_config": {"difficulty": [1, 2, 3], "max_step": [3, 6]},
-}
-# Percentile-based clusters (quartiles of the toy dataset): 24 samples from step 1, 12 more from step 4 and the
-# last 12 from step 7, so the per-cluster mix of each global batch is drawn too.
-SEVERAL_CLUSTERS = {
-    "clustering_type": "schedule_based",
-    "difficulty_type": "percentile",
-    "min_difficulty": 2,
-    "max_difficulty": 4,
-    "schedule_type": "fixed_discrete",
-    "schedule_config": {"difficulty": [2, 3, 4], "max_step": [3, 6]},
-}
-SCENARIOS = {"single_cluster": SINGLE_CLUSTER, "several_clusters": SEVERAL_CLUSTERS}
-
 
 class FakeGroup:
     """Stands in for the data-parallel process group: the sampler only asks it for its size."""
@@ -75,24 +71,24 @@ class FakeGroup:
         return self._size
 
 
-def make_sampler(tmp_path, run, metric, seed=SEED, dp_rank=0, dp_size=1, micro_batch_size=4):
+def make_sampler(
+    tmp_path,
+    run,
+    metric,
+    seed=SEED,
+    dp_rank=0,
+    dp_size=1,
+    micro_batch_size=4,
+    global_rank=0,
+    sampler_class=DeepSpeedDataSampler,
+):
     """A sampler as global rank 0 builds it; ``run`` names its own directory of cluster files.
 
     Global rank 0 draws each global batch and broadcasts it; every data-parallel rank keeps its slice. With the
     broadcast stubbed, a sampler built for data-parallel rank r with ``global_rank=0`` yields what rank r
     receives.
     """
-    metric = dict(metric)
-    if metric["clustering_type"] != "single_cluster":
-        index_path = tmp_path / "index_to_sample"
-        if not (tmp_path / "index_to_sample.idx").exists():
-            # The data analyzer's index_to_sample map: row i lists the samples of the i-th metric value.
-            ids = np.random.default_rng(0).permutation(ONE_EPOCH)
-            builder = create_mmap_dataset_builder(str(index_path), np.uint8)
-            for row in np.split(ids, 8):
-                builder.add_item_numpy(row)
-            close_mmap_dataset_builder(builder, str(index_path))
-        metric["index_to_sample_path"] = str(index_path)
+    metric = with_index_to_sample(metric, str(tmp_path))
     config = {
         "seed": seed,
         "data_sampling": {
@@ -104,7 +100,7 @@ def make_sampler(tmp_path, run, metric, seed=SEED, dp_rank=0, dp_size=1, micro_b
             },
         },
     }
-    return DeepSpeedDataSampler(
+    return sampler_class(
         config,
         one_epoch_total_samples=ONE_EPOCH,
         micro_batch_size=micro_batch_size,
@@ -112,7 +108,7 @@ def make_sampler(tmp_path, run, metric, seed=SEED, dp_rank=0, dp_size=1, micro_b
         data_parallel_size=dp_size,
         data_parallel_group=FakeGroup(dp_size),
         gradient_accumulation_steps=2,
-        global_rank=0,
+        global_rank=global_rank,
     )
 
 
@@ -121,21 +117,56 @@ def take(sampler, count):
     return [next(iterator) for _ in range(count)]
 
 
-def through_checkpoint(state):
+def through_checkpoint(state, weights_only=False):
+    """``state`` saved with ``torch.save`` and read back with ``torch.load``.
+
+    ``weights_only=False`` is what DeepSpeed's default (torch) checkpoint engine passes; ``weights_only=True`` is
+    torch's default since 2.6, which DeepSpeed's Fast and Decoupled checkpoint engines get (DeepSpeed #8500).
+    With ``weights_only=True`` a state that holds more than Python built-ins fails the test with the keys that
+    torch rejects.
+    """
     buffer = io.BytesIO()
     torch.save(state, buffer)
     buffer.seek(0)
-    # weights_only=False as in DeepSpeed's checkpoint engine: the state holds numpy's RandomState tuple.
-    return torch.load(buffer, weights_only=False)
+    if not weights_only:
+        return torch.load(buffer, weights_only=False)
+    try:
+        return torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError as error:
+        rejected = [key for key, value in state.items() if not loads_weights_only(value)]
+        raise AssertionError(f"torch.load(weights_only=True) rejects the sampler state, keys {rejected}") from error
 
 
-def resumed_run(tmp_path, run, resume_at, **kwargs):
-    """``resume_at`` batches, a checkpoint, then a new sampler that loads it and yields the rest."""
+def loads_weights_only(value):
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    try:
+        torch.load(buffer, weights_only=True)
+    except pickle.UnpicklingError:
+        return False
+    return True
+
+
+def load(sampler, state, shape):
+    """``sampler.load_state_dict(state)``; a state it rejects fails the test naming the state's ``shape``."""
+    try:
+        sampler.load_state_dict(state)
+    except (KeyError, TypeError, ValueError) as error:
+        raise AssertionError(f"load_state_dict() rejects a state of shape {shape!r}: {error!r}") from error
+
+
+def resumed_run(tmp_path, run, resume_at, reshape=None, weights_only=False, **kwargs):
+    """``resume_at`` batches, a checkpoint, then a new sampler that loads it and yields the rest.
+
+    ``reshape(state, sampler)`` (optional) turns the saved state of ``sampler`` into another shape before it is
+    loaded.
+    """
     first = make_sampler(tmp_path, run, **kwargs)
     head = take(first, resume_at)
-    state = through_checkpoint(first.state_dict())
+    state = through_checkpoint(first.state_dict(), weights_only=weights_only)
     second = make_sampler(tmp_path, run, **kwargs)
-    second.load_state_dict(state)
+    load(second, reshape(state, first) if reshape else state, reshape.__name__ if reshape else "state_dict()")
     return head + take(second, NUM_BATCHES - resume_at)
 
 
@@ -146,11 +177,13 @@ def first_divergence(expected, actual):
     return None if len(expected) == len(actual) else min(len(expected), len(actual))
 
 
-def assert_resume_parity(tmp_path, **kwargs):
+def assert_resume_parity(tmp_path, resume_points=None, reshape=None, weights_only=False, **kwargs):
+    """Resume after each of ``resume_points`` (default: every batch) and compare with an uninterrupted run."""
+    resume_points = range(NUM_BATCHES) if resume_points is None else resume_points
     expected = take(make_sampler(tmp_path, "uninterrupted", **kwargs), NUM_BATCHES)
     diverged = []
-    for resume_at in range(NUM_BATCHES):
-        actual = resumed_run(tmp_path, f"resume-{resume_at}", resume_at, **kwargs)
+    for resume_at in resume_points:
+        actual = resumed_run(tmp_path, f"resume-{resume_at}", resume_at, reshape, weights_only, **kwargs)
         index = first_divergence(expected, actual)
         if index is not None:
             diverged.append((resume_at, index, expected[index], actual[index]))
@@ -158,7 +191,7 @@ def assert_resume_parity(tmp_path, **kwargs):
         resume_at, index, want, got = diverged[0]
         raise AssertionError(
             f"resumed at batch index {resume_at}: batch index {index} diverged first from the uninterrupted run "
-            f"(uninterrupted {want}, resumed {got}); {len(diverged)} of {NUM_BATCHES} resume points diverge"
+            f"(uninterrupted {want}, resumed {got}); {len(diverged)} of {len(resume_points)} resume points diverge"
         )
 
 
@@ -216,46 +249,149 @@ def test_state_dict_leaves_global_numpy_rng_alone(tmp_path):
     assert peek_global_numpy_draws() == expected, "state_dict() moved numpy's global RNG"
 
 
-@pytest.mark.regression("deepspeed", 8787)
-def test_old_format_state_logs_one_warning(tmp_path):
+def legacy_shape(state):
+    """The state as DeepSpeed <= 0.19.8 writes it: its keys only, numpy's global RandomState under "np_rng_state"."""
+    legacy = {key: state[key] for key in OLD_FORMAT_KEYS}
+    legacy["np_rng_state"] = np.random.get_state()
+    return legacy
+
+
+def open_prs_shape(state, sampler):
+    """The state of ``sampler`` as the open PRs #8406 and #8425 write it: its generator's state (taken from the
+    sampler, so that the base builds the same shape) under "np_rng_state"."""
+    reshaped = {key: state[key] for key in OLD_FORMAT_KEYS}
+    reshaped["np_rng_state"] = sampler.np_rng.bit_generator.state
+    return reshaped
+
+
+def load_legacy_state(tmp_path, global_rank=0):
+    """A sampler (of ``global_rank``) that loaded a legacy state saved after 5 batches.
+
+    Returns the sampler, the warnings it logged, and the next draws of numpy's global RNG just before and just
+    after ``load_state_dict()`` (training used the global RNG between saving and loading).
+    """
     sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
-    take(sampler, 5)
-    state = through_checkpoint(sampler.state_dict())
-    old_state = {key: state[key] for key in OLD_FORMAT_KEYS}
+    take(sampler, 5)  # an odd count: one micro-batch of the current global batch is still pending
+    state = through_checkpoint(legacy_shape(sampler.state_dict()))
+    np.random.random_sample(3)  # training goes on and uses numpy's global RNG
+    resumed = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS, global_rank=global_rank)
     handler = WarningRecords()
     deepspeed_logger.addHandler(handler)
+    draws_before = peek_global_numpy_draws()
     try:
-        make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS).load_state_dict(old_state)
+        load(resumed, state, "legacy")
     finally:
         deepspeed_logger.removeHandler(handler)
-    messages = [record.getMessage() for record in handler.records]
-    assert len(messages) == 1, f"expected one warning from load_state_dict() of an old-format state, got {messages}"
+    return resumed, [record.getMessage() for record in handler.records], draws_before, peek_global_numpy_draws()
+
+
+@pytest.mark.regression("deepspeed", 8787)
+def test_legacy_state_logs_one_warning_on_global_rank_0(tmp_path):
+    messages = load_legacy_state(tmp_path)[1]
+    assert len(messages) == 1, f"expected one warning from load_state_dict() of a legacy state, got {messages}"
     assert "seed" in messages[0], f"the warning should say that the sampler restarts from the seed: {messages[0]}"
 
 
-def test_old_format_state_loads_with_old_behaviour(tmp_path):
-    expected = take(make_sampler(tmp_path, "uninterrupted", SEVERAL_CLUSTERS), NUM_BATCHES)
-    sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
-    take(sampler, 5)  # an odd count: one micro-batch of the current global batch is still pending
+def test_legacy_state_logs_nothing_on_other_ranks(tmp_path):
+    messages = load_legacy_state(tmp_path, global_rank=1)[1]
+    assert messages == [], f"global rank 1 logged: {messages}"
+
+
+@pytest.mark.regression("deepspeed", 8787)
+def test_legacy_state_restarts_from_seed_and_leaves_global_numpy_rng_alone(tmp_path):
+    expected_batches = take(make_sampler(tmp_path, "uninterrupted", SEVERAL_CLUSTERS), NUM_BATCHES)
     np.random.seed(21)
-    state = through_checkpoint(sampler.state_dict())
-    old_state = {key: state[key] for key in OLD_FORMAT_KEYS}
-    np.random.random_sample(3)
-    resumed = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
-    resumed.load_state_dict(old_state)
-    # As before the fix: numpy's global RNG is set to the saved RandomState, the sampler's generator is at its
-    # seed, and the pending micro-batch comes out as in the uninterrupted run.
-    assert peek_global_numpy_draws() == peek_global_numpy_draws(old_state["np_rng_state"])
+    resumed, _, expected_draws, actual_draws = load_legacy_state(tmp_path)
+    index = first_divergence(expected_draws, actual_draws)
+    assert index is None, f"loading a legacy state moved numpy's global RNG (first changed draw: index {index})"
+    # The legacy state holds nothing of the sampler's generator: it starts from the seed; the pending micro-batch
+    # of the saved global batch still comes out as in the uninterrupted run.
     assert resumed.np_rng.bit_generator.state == np.random.default_rng(SEED).bit_generator.state
-    assert take(resumed, 1) == expected[5:6]
+    assert take(resumed, 1) == expected_batches[5:6]
 
 
-def test_state_dict_stays_loadable_by_older_deepspeed(tmp_path):
+@pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_open_prs_shape_resumes_exactly(tmp_path, scenario):
+    """A checkpoint written by the sampler of PR #8406 or #8425 (if one merges first) resumes exactly."""
+    assert_resume_parity(tmp_path, resume_points=(0, 5, 13), metric=SCENARIOS[scenario], reshape=open_prs_shape)
+
+
+@pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_weights_only_load_resumes_exactly(tmp_path, scenario):
+    """The state holds only Python built-ins: ``torch.load(weights_only=True)`` reads it and the resume is exact."""
+    assert_resume_parity(tmp_path, resume_points=(0, 5, 13), metric=SCENARIOS[scenario], weights_only=True)
+
+
+def builtins_only(value):
+    """True when ``value`` is made of None, bool, int, float, str, and lists, tuples and dicts of them."""
+    if isinstance(value, (list, tuple)):
+        return all(builtins_only(item) for item in value)
+    if isinstance(value, dict):
+        return all(type(key) is str and builtins_only(item) for key, item in value.items())
+    return value is None or type(value) in (bool, int, float, str)
+
+
+@pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_state_dict_holds_only_python_builtins(tmp_path, scenario):
+    sampler = make_sampler(tmp_path, "saved", SCENARIOS[scenario])
+    take(sampler, 13)  # past a cluster reshuffle: cluster positions have been recomputed
+    state = sampler.state_dict()
+    assert not [key for key, value in state.items() if not builtins_only(value)], state
+
+
+def pristine_sampler_class(tmp_path):
+    """``DeepSpeedDataSampler`` of the pristine release the checkout is based on (``base/<version>``).
+
+    Its data_sampler.py is read from the base commit with git and imported as a sibling module of the installed
+    one, so its relative imports (constants, scheduler, indexed dataset) resolve in the installed package.
+    """
+    version = deepspeed.__version__.strip().split("+")[0]
+    shown = subprocess.run(
+        ["git", "-C", str(UPSTREAM), "show", f"base/{version}:{SAMPLER_PATH}"], capture_output=True, text=True
+    )
+    assert shown.returncode == 0, (
+        f"no pristine tree of DeepSpeed {version} in {UPSTREAM} (run make upstream): {shown.stderr}"
+    )
+    path = tmp_path / "pristine_data_sampler.py"
+    path.write_text(shown.stdout)
+    package = data_sampler_module.__name__.rpartition(".")[0]
+    spec = importlib.util.spec_from_file_location(f"{package}.pristine_data_sampler", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.dist = data_sampler_module.dist  # the stubbed collectives (stub_collectives)
+    return module.DeepSpeedDataSampler
+
+
+def test_state_dict_loads_in_the_pristine_release(tmp_path):
+    """The pristine ``load_state_dict`` (0.19.6-0.19.8: ``np.random.set_state(state["np_rng_state"])``, no check)
+    reads a state written now, weights-only, and sets numpy's global RNG to its state at save time, as it always did.
+    """
     sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
     take(sampler, 5)
+    np.random.seed(21)
+    expected = peek_global_numpy_draws()
     state = through_checkpoint(sampler.state_dict())
-    # What load_state_dict() of DeepSpeed <= 0.19.8 does with the state, unconditionally (data_sampler.py line 334).
-    np.random.set_state(state["np_rng_state"])
+    np.random.random_sample(3)
+    pristine_class = pristine_sampler_class(tmp_path)
+    pristine = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS, sampler_class=pristine_class)
+    assert type(pristine).state_dict is not DeepSpeedDataSampler.state_dict
+    load(pristine, state, "state_dict() read by the pristine release")
+    assert peek_global_numpy_draws() == expected
+
+
+def test_open_prs_shape_fails_in_the_pristine_release(tmp_path):
+    """Why the series keeps numpy's RandomState under "np_rng_state": the pristine ``load_state_dict`` passes that
+    key to ``np.random.set_state``, which rejects the generator's (PCG64) state the open PRs store there."""
+    sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
+    take(sampler, 5)
+    state = {key: sampler.state_dict()[key] for key in OLD_FORMAT_KEYS}
+    state["np_rng_state"] = sampler.np_rng.bit_generator.state  # what the open PRs' state_dict() writes
+    pristine = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS, sampler_class=pristine_sampler_class(tmp_path))
+    with pytest.raises(ValueError, match="MT19937"):
+        pristine.load_state_dict(through_checkpoint(state))
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

@@ -1,0 +1,119 @@
+"""One rank of the engine-level scenarios of ``test_engine_resume.py`` (DeepSpeed issue #8787).
+
+Run by the test module as
+``DS_ACCELERATOR=cpu python -m torch.distributed.run --standalone --nproc_per_node=N engine_worker.py OUT_DIR``.
+Nothing is stubbed: ``deepspeed.init_distributed("gloo")``, ``deepspeed.initialize(..., training_data=...)`` with
+curriculum data sampling, ``engine.save_checkpoint()`` and, in a new engine, ``engine.load_checkpoint()``.
+Sample ``i`` of the dataset is the tensor ``[i]``, so each micro-batch tells which samples it holds.
+
+For each scenario this rank writes ``OUT_DIR/<scenario>.rank<N>.json``: the sample ids of every micro-batch of an
+uninterrupted run (``uninterrupted``), of a run stopped after ``STEPS_BEFORE_SAVE`` optimizer steps and saved
+(``before``) and of a new engine that loaded that checkpoint (``after``). This script only records; the parent test
+compares and asserts. A scenario that raises records its traceback instead.
+"""
+
+import json
+import os
+import sys
+import traceback
+
+import deepspeed
+import deepspeed.comm as dist
+import torch
+from scenarios import ONE_EPOCH, SEED, SEVERAL_CLUSTERS, SINGLE_CLUSTER, with_index_to_sample  # next to this script
+
+MICRO_BATCH = 2
+GRADIENT_ACCUMULATION = 2
+STEPS_BEFORE_SAVE = 5  # optimizer steps before the checkpoint; the run passes an epoch and a reshuffle after it
+STEPS_AFTER = 10  # optimizer steps compared after the resume
+# name: (difficulty metric, data_sampling.num_workers)
+SCENARIOS = {
+    "single_cluster": (SINGLE_CLUSTER, 0),
+    "several_clusters": (SEVERAL_CLUSTERS, 0),
+    "several_clusters-num_workers2": (SEVERAL_CLUSTERS, 2),
+}
+
+
+def engine_for(metric, num_workers, cluster_dir):
+    root = os.path.dirname(cluster_dir)
+    if dist.get_rank() == 0:  # writes the index_to_sample map (once) for every rank
+        os.makedirs(root, exist_ok=True)
+        with_index_to_sample(metric, root)
+    dist.barrier()
+    metric = with_index_to_sample(metric, root)
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "gradient_accumulation_steps": GRADIENT_ACCUMULATION,
+        "steps_per_print": 10**6,
+        "data_efficiency": {
+            "enabled": True,
+            "seed": SEED,
+            "data_sampling": {
+                "enabled": True,
+                "num_epochs": 10,
+                "num_workers": num_workers,
+                "curriculum_learning": {
+                    "enabled": True,
+                    "data_cluster_path": cluster_dir,
+                    "curriculum_metrics": {"difficulty": metric},
+                },
+            },
+        },
+    }
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    dataset = [torch.tensor([float(i)]) for i in range(ONE_EPOCH)]
+    engine, _, loader, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), training_data=dataset, config=config
+    )
+    return engine, loader
+
+
+def train(engine, loader, steps):
+    """``steps`` optimizer steps; returns the sample ids of every micro-batch."""
+    seen = []
+    batches = iter(loader)
+    for _ in range(steps * GRADIENT_ACCUMULATION):
+        batch = next(batches)
+        seen.append([int(i) for i in batch[:, 0]])
+        loss = engine(batch).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    return seen
+
+
+def scenario(out_dir, name):
+    metric, num_workers = SCENARIOS[name]
+    root = os.path.join(out_dir, name)
+    engine, loader = engine_for(metric, num_workers, os.path.join(root, "clusters-uninterrupted"))
+    uninterrupted = train(engine, loader, STEPS_BEFORE_SAVE + STEPS_AFTER)
+
+    cluster_dir = os.path.join(root, "clusters-resumed")
+    engine, loader = engine_for(metric, num_workers, cluster_dir)
+    before = train(engine, loader, STEPS_BEFORE_SAVE)
+    engine.save_checkpoint(os.path.join(root, "checkpoint"), tag="saved")
+    engine, loader = engine_for(metric, num_workers, cluster_dir)
+    engine.load_checkpoint(os.path.join(root, "checkpoint"), tag="saved")
+    after = train(engine, loader, STEPS_AFTER)
+    return {"uninterrupted": uninterrupted, "before": before, "after": after, "num_workers": num_workers}
+
+
+def main():
+    out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
+    deepspeed.init_distributed("gloo")
+    rank = dist.get_rank()
+    for name in wanted:
+        try:
+            result = scenario(out_dir, name)
+        except Exception:
+            result = {"error": traceback.format_exc()}
+        result.update(scenario=name, rank=rank, world_size=dist.get_world_size(), deepspeed=deepspeed.__file__)
+        path = os.path.join(out_dir, f"{name}.rank{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(path + ".tmp", path)
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
