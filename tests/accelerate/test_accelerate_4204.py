@@ -202,7 +202,7 @@ def test_mid_epoch_resume(launch_dir, scenario):
 
 @pytest.mark.parametrize("config", sorted(EARLY_CONFIGS))
 def test_early_state_dict_changes_no_generator(launch_dir, config):
-    """Guard: ``loader.state_dict()`` before the first batch leaves every random generator the loader draws from as it was.
+    """Guard: ``loader.state_dict()`` before the first batch leaves the loader's random generators as they were.
 
     Generators: the global torch RNG, the ``DataLoader``'s ``generator=``, the sampler's (attached by
     ``prepare_data_loader`` or the user's) and the one ``DataLoaderShard.__iter__`` synchronizes. torchdata builds an
@@ -219,7 +219,7 @@ def test_early_state_dict_changes_no_generator(launch_dir, config):
 
 @pytest.mark.parametrize("config", sorted(EARLY_CONFIGS))
 def test_early_state_dict_keeps_the_epochs(launch_dir, config):
-    """Guard: each rank yields the same epochs (two with persistent workers) with and without an early ``state_dict()``.
+    """Guard: each rank yields the same epochs (two with persistent workers) with and without an early state_dict().
 
     Ranks are seeded differently; on the base, both runs use the iterator built in ``prepare()``.
     """
@@ -231,7 +231,7 @@ def test_early_state_dict_keeps_the_epochs(launch_dir, config):
 @pytest.mark.parametrize(
     "scenario",
     [
-        pytest.param(f"checkpoint-{via}-{loader}", id=f"{via}-{loader}", marks=() if loader == "shard-nw0" else regression)
+        pytest.param(f"checkpoint-{via}-{loader}", id=f"{via}-{loader}", marks=(regression,) * (loader != "shard-nw0"))
         for via in ("state-dict", "save-state")
         for loader in ("shard-nw0", "shard-nw2", "dispatch-nw2")
     ],
@@ -259,10 +259,7 @@ def test_dispatcher_mid_epoch_state_dict_keeps_the_iterator(launch_dir):
     """
     results = ranks(launch_dir, "dispatch-mid-epoch-state-dict-nw2")
     for result in results:
-        kept = {k: result[k] for k in ("iterator_kept", "workers_started_by_state_dict", "workers_started_by_epoch_end")}
-        assert kept == {
-            "iterator_kept": True,
-            "workers_started_by_state_dict": 0,
-            "workers_started_by_epoch_end": 0,
-        }, f"rank {result['rank']}: {kept}"
+        expected = {"iterator_kept": True, "workers_started_by_state_dict": 0, "workers_started_by_epoch_end": 0}
+        seen = {key: result[key] for key in expected}
+        assert seen == expected, f"rank {result['rank']}: {seen}"
     assert_partition(results[0]["epochs"][0], results[1]["epochs"][0], "epoch 0 (dispatch_batches=True)")
