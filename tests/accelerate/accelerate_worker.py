@@ -10,6 +10,7 @@ and asserts. A scenario that raises records its traceback instead of results.
 
 import contextlib
 import gc
+import hashlib
 import json
 import os
 import sys
@@ -19,6 +20,7 @@ import accelerate
 import psutil
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.data_loader import get_sampler
 from torch.utils.data import DataLoader
 
 NUM_SAMPLES = 96
@@ -58,7 +60,8 @@ def sample_ids(batches):
     return [int(i) for batch in batches for i in batch]
 
 
-def prepare(accelerator, num_workers, persistent_workers=False, **config):
+def prepare(accelerator, num_workers, persistent_workers=False, generator=None, **config):
+    """A shuffled ``DataLoader`` over the sample ids through ``accelerator.prepare()``; ``generator`` is the user's."""
     accelerator.dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True, **config)
     loader = DataLoader(
         list(range(NUM_SAMPLES)),
@@ -66,8 +69,28 @@ def prepare(accelerator, num_workers, persistent_workers=False, **config):
         shuffle=True,
         num_workers=num_workers,
         persistent_workers=persistent_workers,
+        generator=generator,
     )
     return accelerator.prepare(loader)
+
+
+def generator_states(loader):
+    """sha1 of the state of every random generator the prepared loader can draw from, by name (None: no generator).
+
+    ``global``: the global torch RNG; ``loader``: the ``generator=`` the ``DataLoader`` got; ``sampler``: the
+    sampler's (``prepare_data_loader`` attaches one, or the ``SeedableRandomSampler``'s); ``synchronized``: the one
+    ``DataLoaderShard.__iter__`` synchronizes across ranks.
+    """
+    generators = {
+        "global": torch.default_generator,
+        "loader": loader.base_dataloader.generator,
+        "sampler": getattr(get_sampler(loader), "generator", None),
+        "synchronized": getattr(loader, "synchronized_generator", None),
+    }
+    return {
+        name: None if g is None else hashlib.sha1(g.get_state().numpy().tobytes()).hexdigest()
+        for name, g in generators.items()
+    }
 
 
 def partition(accelerator, rank, seeding, num_workers, state_dict_first=False, epochs=1, **kwargs):
@@ -105,6 +128,69 @@ def resume(accelerator, rank, num_workers, dispatch_batches=False, stop_after=3)
     return {"uninterrupted": uninterrupted, "before": sample_ids(before), "after": sample_ids(resumed)}
 
 
+def early_state_dict(accelerator, rank, num_workers, state_dict_first, user_generator=False, epochs=1, **kwargs):
+    """Generators before and after an early ``state_dict()`` (or none), and this rank's sample ids per epoch.
+
+    Ranks seeded differently; ``user_generator``: the ``DataLoader`` gets ``generator=`` seeded per rank too.
+    """
+    seed_rank("diverged", rank)
+    generator = torch.Generator().manual_seed(2000 + rank) if user_generator else None
+    loader = prepare(accelerator, num_workers, generator=generator, **kwargs)
+    result = {"generators_before": generator_states(loader)}
+    if state_dict_first:
+        loader.state_dict()
+    result["generators_after"] = generator_states(loader)
+    result["epochs"] = [sample_ids(loader) for _ in range(epochs)]
+    return result
+
+
+def early_checkpoint(accelerator, rank, num_workers, out_dir, use_save_state, dispatch_batches=False):
+    """A run checkpointed before its first batch, then a restarted run of the same set-up loading it: both epochs 0.
+
+    The restart is simulated in this process: the prepared objects are dropped (``free_memory``), this rank's seed is
+    set again as at the start, and a new loader is prepared; ``use_save_state``: ``accelerator.save_state`` /
+    ``load_state`` into a directory of this rank, else ``loader.state_dict()`` / ``load_state_dict()``.
+    """
+    runs = []
+    for restarted in (False, True):
+        accelerator.free_memory()  # the loader is the accelerator's only one, as in a fresh run
+        seed_rank("diverged", rank)
+        loader = prepare(accelerator, num_workers, dispatch_batches=dispatch_batches)
+        if not restarted:
+            if use_save_state:
+                accelerator.save_state(out_dir)
+            else:
+                state = loader.state_dict()
+        elif use_save_state:
+            accelerator.load_state(out_dir)
+        else:
+            loader.load_state_dict(state)
+        runs.append(sample_ids(loader))
+    accelerator.free_memory()
+    return {"saved": runs[0], "restarted": runs[1]}
+
+
+def dispatcher_mid_epoch_state_dict(accelerator, rank, num_workers, stop_after=2):
+    """``dispatch_batches=True``: ``state_dict()`` after ``stop_after`` batches, on every rank, then the epoch's rest.
+
+    Records whether the call kept the torchdata iterator in use, the workers it started, and the workers running at
+    the end of the epoch that are not the ones of the iterator in use then.
+    """
+    before = live_children()
+    loader = prepare(accelerator, num_workers, dispatch_batches=True)
+    batches, result = [], {}
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == stop_after:
+            iterator, workers = loader.base_dataloader._iterator, live_children()
+            loader.state_dict()
+            result["iterator_kept"] = loader.base_dataloader._iterator is iterator
+            result["workers_started_by_state_dict"] = len(live_children() - workers)
+    result["workers_started_by_epoch_end"] = len(live_children() - before - workers)
+    result["epochs"] = [sample_ids(batches)]
+    return result
+
+
 SCENARIOS = {}
 for _nw in (0, 1, 2, 6):
     for _seeding in ("diverged", "unequal-use"):
@@ -117,6 +203,40 @@ for _nw in (0, 2):
 # Not resume-dispatch-nw2: with workers, a DataLoaderDispatcher resumed mid-epoch skips one batch too many, on the
 # base as with the fix (DataLoaderAdapter.adjust_state_dict_for_prefetch only knows the single-process state layout).
 SCENARIOS["resume-dispatch-nw0"] = (resume, (0,), {"dispatch_batches": True})
+# An early state_dict() must change no random state, with both adapters, num_workers 0, 2 and 6, persistent workers,
+# and each source of the order: the generator prepare() attaches to the sampler, a user's DataLoader(generator=), and
+# the SeedableRandomSampler (use_seedable_sampler=True).
+EARLY_CONFIGS = {}
+for _adapter in ("shard", "dispatch"):
+    for _workers, _sources in (
+        ("nw0", ("sampler-generator", "user-generator", "seedable")),
+        ("nw2", ("sampler-generator", "user-generator", "seedable")),
+        ("nw6", ("user-generator",)),
+        ("nw2-persistent", ("sampler-generator", "user-generator")),
+    ):
+        for _source in _sources:
+            EARLY_CONFIGS[f"{_adapter}-{_workers}-{_source}"] = {
+                "num_workers": int(_workers[2]),
+                "dispatch_batches": _adapter == "dispatch",
+                "persistent_workers": _workers.endswith("persistent"),
+                "epochs": 2 if _workers.endswith("persistent") else 1,
+                "user_generator": _source == "user-generator",
+                "use_seedable_sampler": _source == "seedable",
+            }
+for _name, _config in EARLY_CONFIGS.items():
+    _config = dict(_config)
+    _nw = _config.pop("num_workers")
+    for _first in (False, True):
+        SCENARIOS[f"early-{_name}-{'with' if _first else 'without'}"] = (early_state_dict, (_nw, _first), _config)
+# A checkpoint taken before the first batch, replayed by a restarted run
+for _adapter, _nw in (("shard", 0), ("shard", 2), ("dispatch", 2)):
+    for _via in ("state-dict", "save-state"):
+        SCENARIOS[f"checkpoint-{_via}-{_adapter}-nw{_nw}"] = (
+            early_checkpoint,
+            (_nw,),
+            {"use_save_state": _via == "save-state", "dispatch_batches": _adapter == "dispatch"},
+        )
+SCENARIOS["dispatch-mid-epoch-state-dict-nw2"] = (dispatcher_mid_epoch_state_dict, (2,), {})
 
 
 def main():
@@ -125,6 +245,8 @@ def main():
     rank = accelerator.process_index
     for name in wanted:
         function, args, kwargs = SCENARIOS[name]
+        if function is early_checkpoint:  # a checkpoint directory per scenario and rank
+            kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.rank{rank}.checkpoint"))
         try:
             result = function(accelerator, rank, *args, **kwargs)
         except Exception:

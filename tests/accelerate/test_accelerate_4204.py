@@ -14,7 +14,9 @@ Every test here reads the results of one real 2-process launch (Gloo on CPU,
 ``torch.distributed.run --standalone``, so a free port) of ``accelerate_worker.py``, where the scenarios are
 defined; the launch has a timeout and is killed with all its processes, and pytest-xdist workers share it.
 Tests marked ``regression`` fail on the base and pass with the series (FAIL_TO_PASS); the others are guards
-and pass on both.
+and pass on both. The guards on an early ``state_dict()`` (before the first batch: no random state changes, same
+epochs) and on a mid-epoch ``state_dict()`` of ``DataLoaderDispatcher`` pass on the base, where ``prepare()`` built
+the iterator already, and fail with a fix that only defers that (the previous version of the series).
 """
 
 import collections
@@ -27,10 +29,11 @@ from pathlib import Path
 import pytest
 
 from scripts import launch
+from tests.accelerate.accelerate_worker import EARLY_CONFIGS
 
 WORKER = Path(__file__).with_name("accelerate_worker.py")
 NUM_SAMPLES = 96  # accelerate_worker.NUM_SAMPLES
-LAUNCH_TIMEOUT = 180  # seconds for the whole launch; a healthy one takes about 15 s on 2 cores
+LAUNCH_TIMEOUT = 600  # seconds for the whole launch; a healthy one takes about 1 to 2 min on 2 busy cores
 regression = pytest.mark.regression("accelerate", 4204)
 
 
@@ -195,3 +198,68 @@ def test_mid_epoch_resume(launch_dir, scenario):
             f"rank {result['rank']}: save after {len(result['before'])} samples + resume yields {len(resumed)} "
             f"samples, uninterrupted {len(uninterrupted)}; first difference at sample {first_difference}"
         )
+
+
+@pytest.mark.parametrize("config", sorted(EARLY_CONFIGS))
+def test_early_state_dict_changes_no_generator(launch_dir, config):
+    """Guard: ``loader.state_dict()`` before the first batch leaves the loader's random generators as they were.
+
+    Generators: the global torch RNG, the ``DataLoader``'s ``generator=``, the sampler's (attached by
+    ``prepare_data_loader`` or the user's) and the one ``DataLoaderShard.__iter__`` synchronizes. torchdata builds an
+    iterator to answer, which draws the workers' base seed and, with workers, the permutation while priming the
+    prefetch. On the base the iterator was built in ``prepare()``, so the call draws nothing; a fix that restores only
+    the global RNG fails here. A ``SeedableRandomSampler`` creates its generator on its first ``__iter__`` and seeds it
+    on every one: a generator that did not exist before the call is not compared.
+    """
+    for result in ranks(launch_dir, f"early-{config}-with"):
+        before, after = result["generators_before"], result["generators_after"]
+        changed = [name for name, state in before.items() if state is not None and after[name] != state]
+        assert changed == [], f"rank {result['rank']}: an early state_dict() changed the state of {changed}"
+
+
+@pytest.mark.parametrize("config", sorted(EARLY_CONFIGS))
+def test_early_state_dict_keeps_the_epochs(launch_dir, config):
+    """Guard: each rank yields the same epochs (two with persistent workers) with and without an early state_dict().
+
+    Ranks are seeded differently; on the base, both runs use the iterator built in ``prepare()``.
+    """
+    with_call, without_call = ranks(launch_dir, f"early-{config}-with"), ranks(launch_dir, f"early-{config}-without")
+    for a, b in zip(with_call, without_call, strict=True):
+        assert a["epochs"] == b["epochs"], f"rank {a['rank']}: an early state_dict() changed the epochs"
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param(f"checkpoint-{via}-{loader}", id=f"{via}-{loader}", marks=(regression,) * (loader != "shard-nw0"))
+        for via in ("state-dict", "save-state")
+        for loader in ("shard-nw0", "shard-nw2", "dispatch-nw2")
+    ],
+)
+def test_checkpoint_before_first_batch_replays_the_epoch(launch_dir, scenario):
+    """A checkpoint taken before the first batch, loaded in a restarted run, replays the epoch the saving run saw.
+
+    Ranks seeded differently, the same seeds in the restarted run (simulated in the same process, see
+    ``accelerate_worker.early_checkpoint``); ``loader.state_dict()`` or ``accelerator.save_state()``. On the base,
+    the saving run's epoch 0 is the permutation drawn in ``prepare()``, while the restarted run draws a new one from
+    the generator that draw advanced. ``shard-nw0`` is a guard: without workers nothing is drawn in ``prepare()``.
+    """
+    results = ranks(launch_dir, scenario)
+    assert_partition(results[0]["saved"], results[1]["saved"], "the saving run's epoch 0")
+    for result in results:
+        assert result["restarted"] == result["saved"], f"rank {result['rank']}: the restarted run yields another epoch"
+
+
+def test_dispatcher_mid_epoch_state_dict_keeps_the_iterator(launch_dir):
+    """Guard: with ``dispatch_batches=True``, ``state_dict()`` mid-epoch on every rank keeps the iterator in use.
+
+    Only rank 0 records the state as it yields; rank 1 records it at the end of an epoch only. The call must neither
+    replace rank 1's live iterator nor start workers, then or at the end of the epoch (a fix that takes "no state
+    recorded yet" for "not iterated yet" does both).
+    """
+    results = ranks(launch_dir, "dispatch-mid-epoch-state-dict-nw2")
+    for result in results:
+        expected = {"iterator_kept": True, "workers_started_by_state_dict": 0, "workers_started_by_epoch_end": 0}
+        seen = {key: result[key] for key in expected}
+        assert seen == expected, f"rank {result['rank']}: {seen}"
+    assert_partition(results[0]["epochs"][0], results[1]["epochs"][0], "epoch 0 (dispatch_batches=True)")
