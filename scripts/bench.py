@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts import KitError, bench_gate, bench_upstreams, sources, worktree
+from scripts import KitError, bench_gate, bench_upstreams, runlock, sources, worktree
 from scripts.bench_common import make_sides, verdict
 
 PARTS = ("accelerate", "deepspeed", "gate", "profile", "cold-apply")
@@ -160,4 +160,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(runlock.interruptible(main))  # Ctrl-C: exit 130, no traceback, one line on the checkouts

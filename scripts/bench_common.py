@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts import KitError, launch, sources, worktree
-from scripts.checkout import git, rev
+from scripts.git import git, rev
 
 CHILD = sources.KIT_ROOT / "scripts" / "bench_child.py"
 MARKER = "BENCH-RESULT "  # bench_child.MARKER

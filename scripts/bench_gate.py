@@ -22,7 +22,7 @@ from pathlib import Path
 
 from scripts import launch, sources
 from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, runs_cell
-from scripts.checkout import git, rev
+from scripts.git import git, rev
 
 REPRO_SAMPLES = 96  # bench_child.repro_accelerate
 

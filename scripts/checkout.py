@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import KitError, last_line, plural, sdist
-from scripts.git import current_branch, git, has_ref, rev  # noqa: F401 (re-exported for the other scripts)
+from scripts.git import git, has_ref, rev
 from scripts.sources import Pin
 
 # Identity and date of every base commit: fixed so that the commit id depends on the tree alone.

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, grading, launch, series, sources, worktree
-from scripts.checkout import BASE_ENV, git, rev
+from scripts import KitError, grading, launch, runlock, series, sources, worktree
+from scripts.checkout import BASE_ENV
+from scripts.git import git, rev
 from scripts.grading import STAGES
 
 STAGE_TIMEOUT = 1800.0  # seconds of one stage's pytest process
@@ -191,8 +192,9 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
         paths.append(str(suites / up.pin.name))
         tree = up.trees[stage]
         paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped]
-        launches += [f"--launch={tree / entry['script']}={entry.get('nproc', 2)}" for entry in up.launches
-                     if entry["script"] not in up.skipped]
+        launches += ["--launch=" + json.dumps({**entry, "script": str(tree / entry["script"]),
+                                               "nproc": entry.get("nproc", 2)})
+                     for entry in up.launches if entry["script"] not in up.skipped]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
@@ -419,7 +421,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        # The one place for a kit-wide lock (one run at a time): nothing outside args.out is written before this.
         return gate(args)
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -430,4 +431,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(runlock.interruptible(main))  # Ctrl-C: exit 130, no traceback, one line on the checkouts

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, last_line, launch, lock, sources, upstream
+from scripts import KitError, last_line, launch, lock, runlock, sources, upstream
 
 OUT = sources.KIT_ROOT / "build" / "matrix"
 # No single pip install or gate run of the matrix takes this long (seconds); past it the run is killed.
@@ -352,4 +352,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(runlock.interruptible(main))  # Ctrl-C: exit 130, no traceback, one line on the checkouts

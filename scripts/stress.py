@@ -32,8 +32,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from scripts import KitError, grading, launch, series, sources, worktree
-from scripts.checkout import git, rev
+from scripts import KitError, grading, launch, runlock, series, sources, worktree
+from scripts.git import git, rev
 from scripts.sources import KIT_ROOT
 
 RUN_TIMEOUT = 900.0  # seconds of one pytest run
@@ -239,4 +239,4 @@ def markdown(doc: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(runlock.interruptible(main))  # Ctrl-C: exit 130, no traceback, one line on the checkouts

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from scripts import KitError, series
-from scripts.checkout import git
+from scripts.git import git
 
 # Environment of every git command in a work tree: no hooks of the user's, no rerere.
 NO_HOOKS = {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",

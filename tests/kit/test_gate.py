@@ -16,7 +16,7 @@ import time
 import pytest
 
 from scripts import gate, worktree
-from scripts.checkout import git
+from scripts.git import git
 from scripts.sources import KIT_ROOT
 
 UPSTREAM_TEST = "def test_value_is_two():\n    import tiny\n\n    assert tiny.VALUE == 2\n"

@@ -5,6 +5,7 @@ The scenarios block on purpose: a parent waiting for a child that waits forever,
 hang of issue 12). Each must end with the stacks of every process in the launch log, then be killed.
 """
 
+import json
 import os
 import sys
 import xml.etree.ElementTree as ET
@@ -100,7 +101,7 @@ def test_jobs_run_side_by_side_within_the_limit(tmp_path):
 
 
 LAUNCHED = {
-    "passes.py": "print('fine')\n",
+    "passes.py": "import os\nassert os.environ['FROM_THE_ENTRY'] == 'yes'\n",  # the entry's env reaches the ranks
     "asserts.py": "import os\nassert os.environ['RANK'] == '0', f\"rank {os.environ['RANK']} disagrees\"\n",
     "crashes.py": "import module_that_does_not_exist\n",
     "hangs.py": "import threading\n\ndef stuck():\n    threading.Event().wait()\n\nstuck()\n",
@@ -115,7 +116,9 @@ def test_launched_scripts_pass_fail_or_error_in_the_junit_xml(tmp_path):
     xml = tmp_path / "junit.xml"
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_launch", "-q",
                "-o", "junit_family=xunit1", f"--junitxml={xml}", f"--rootdir={tmp_path}", "--launch-timeout=20",
-               f"--launch-logs={tmp_path / 'logs'}", *(f"--launch={tree / name}=2" for name in LAUNCHED)]
+               f"--launch-logs={tmp_path / 'logs'}"]
+    command += [f"--launch={json.dumps({'script': str(tree / name), 'nproc': 2, 'env': {'FROM_THE_ENTRY': 'yes'}})}"
+                for name in LAUNCHED]
     env = {**os.environ, "PYTHONPATH": str(KIT_ROOT), "OMP_NUM_THREADS": "1"}
     result = launch.run(command, tmp_path / "pytest.log", timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 1, result.tail()

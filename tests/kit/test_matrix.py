@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from scripts import matrix
-from scripts.checkout import git, rev
+from scripts.git import git, rev
 from tests.kit.test_gate import GOOD, KIT_SUITE, make_series
 
 GATE = ('[tiny.gate]\nupstream_tests = ["tests/test_fixed.py"]\n'
