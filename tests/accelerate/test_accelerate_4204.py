@@ -20,8 +20,6 @@ the iterator already, and fail with a fix that only defers that (the previous ve
 """
 
 import collections
-import fcntl
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,6 +28,7 @@ import pytest
 
 from scripts import launch
 from tests.accelerate.accelerate_worker import EARLY_CONFIGS
+from tests.launched import launch_once, rank_results
 
 WORKER = Path(__file__).with_name("accelerate_worker.py")
 NUM_SAMPLES = 96  # accelerate_worker.NUM_SAMPLES
@@ -39,7 +38,6 @@ regression = pytest.mark.regression("accelerate", 4204)
 
 def _launch(out_dir):
     """Run all scenarios in one launch; return what the tests need to explain a missing result."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER)]
@@ -50,34 +48,12 @@ def _launch(out_dir):
 @pytest.fixture(scope="session")
 def launch_dir(tmp_path_factory):
     """The directory of the session's single launch; under pytest-xdist all workers share it."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # common to the xdist workers of this session
-    out_dir = root / "accelerate-4204"
-    with open(root / "accelerate-4204.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        summary = out_dir / "launch.json"
-        if not summary.exists():
-            summary_data = _launch(out_dir)
-            summary.write_text(json.dumps(summary_data))
-    return out_dir
+    return launch_once(tmp_path_factory, "accelerate-4204", _launch)
 
 
 def ranks(launch_dir, scenario):
     """The two ranks' results of one scenario; fails the test with the launch's log tail when one is missing."""
-    results = []
-    for rank in (0, 1):
-        path = launch_dir / f"{scenario}.rank{rank}.json"
-        if not path.exists():
-            launch = json.loads((launch_dir / "launch.json").read_text())
-            tail = (launch_dir / "launch.log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"rank {rank} wrote no result for {scenario!r}; launch: {launch}\n--- launch.log ---\n{tail}")
-        result = json.loads(path.read_text())
-        if "error" in result:
-            pytest.fail(f"rank {rank} raised in {scenario!r}:\n{result['error']}")
-        assert result["world_size"] == 2, result
-        results.append(result)
-    return results
+    return rank_results(launch_dir, 2, scenario)
 
 
 def assert_partition(rank0_ids, rank1_ids, what):

@@ -10,8 +10,6 @@ run. Tests marked ``regression`` fail on the base (the sampler's generator resta
 4709 -> data_sampler.py line 334) and pass with the series.
 """
 
-import fcntl
-import json
 import os
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from scripts import launch
+from tests.launched import launch_once, rank_results
 
 WORKER = Path(__file__).with_name("engine_worker.py")
 LAUNCH_TIMEOUT = 300  # s per launch: 20-50 s on 2 cores
@@ -32,7 +31,6 @@ regression = pytest.mark.regression("deepspeed", 8787)
 
 
 def _launch(out_dir, nproc):
-    out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER)]
     result = launch.run(
@@ -44,37 +42,7 @@ def _launch(out_dir, nproc):
 @pytest.fixture(scope="session")
 def launches(tmp_path_factory):
     """``launches(nproc)``: the directory of the session's launch with ``nproc`` ranks, shared by xdist workers."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # common to the xdist workers of this session
-
-    def launched(nproc):
-        out_dir = root / f"deepspeed-8787-{nproc}ranks"
-        with open(root / f"deepspeed-8787-{nproc}ranks.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            summary = out_dir / "launch.json"
-            if not summary.exists():
-                summary.write_text(json.dumps(_launch(out_dir, nproc)))
-        return out_dir
-
-    return launched
-
-
-def results(out_dir, nproc, scenario):
-    """Every rank's result of one scenario; fails the test with the launch's log tail when one is missing."""
-    found = []
-    for rank in range(nproc):
-        path = out_dir / f"{scenario}.rank{rank}.json"
-        if not path.exists():
-            summary = json.loads((out_dir / "launch.json").read_text())
-            tail = (out_dir / "launch.log").read_text(errors="replace")[-3000:]
-            pytest.fail(f"rank {rank} wrote no result for {scenario!r}; launch: {summary}\n--- launch.log ---\n{tail}")
-        result = json.loads(path.read_text())
-        if "error" in result:
-            pytest.fail(f"rank {rank} raised in {scenario!r}:\n{result['error']}")
-        assert result["world_size"] == nproc, result
-        found.append(result)
-    return found
+    return lambda nproc: launch_once(tmp_path_factory, f"deepspeed-8787-{nproc}ranks", lambda out: _launch(out, nproc))
 
 
 def first_difference(expected, actual):
@@ -103,7 +71,7 @@ def assert_resumed_from(result, skipped):
 @pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters"])
 def test_engine_resume_matches_uninterrupted_run(launches, nproc, scenario):
     """After ``engine.load_checkpoint()`` every rank trains on the micro-batches of the uninterrupted run."""
-    for result in results(launches(nproc), nproc, scenario):
+    for result in rank_results(launches(nproc), nproc, scenario):
         assert_resumed_from(result, skipped=0)
 
 
@@ -115,5 +83,5 @@ def test_engine_resume_with_workers_skips_the_prefetched_batches(launches):
     checkpointed sampler state is past them (the PR's "Not covered"). Fails on the base, where the resumed run
     differs from the uninterrupted one altogether.
     """
-    for result in results(launches(2), 2, "several_clusters-num_workers2"):
+    for result in rank_results(launches(2), 2, "several_clusters-num_workers2"):
         assert_resumed_from(result, skipped=result["num_workers"] * PREFETCH_FACTOR)
