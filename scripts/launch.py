@@ -68,18 +68,30 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def kill_by_environment(name: str, prefix: str) -> list[int]:
-    """SIGKILL every process of this user whose environment variable ``name`` starts with ``prefix``; return their
-    pids. For what a run killed by SIGKILL left behind: processes it started in sessions of their own that did not
-    die with their parents (the ranks of ``torch.distributed.run``), found by the variable they all inherited."""
-    wanted, killed = f"{name}={prefix}".encode(), []
+def environment_pids(name: str, value: str, prefix: bool = False) -> list[int]:
+    """Pids of the live processes of this user (other than this one) whose environment variable ``name`` equals
+    ``value`` (or, with ``prefix``, starts with it): a run's processes, whatever session they started in, found by
+    a variable they all inherited."""
+    wanted, found = f"{name}={value}".encode(), []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
-            if any(var.startswith(wanted) for var in Path(entry.path, "environ").read_bytes().split(b"\0")):
-                os.kill(int(entry.name), signal.SIGKILL)
-                killed.append(int(entry.name))
+            variables = Path(entry.path, "environ").read_bytes().split(b"\0")
+            if any(var.startswith(wanted) if prefix else var == wanted for var in variables):
+                found.append(int(entry.name))
+    return found
+
+
+def kill_by_environment(name: str, prefix: str) -> list[int]:
+    """SIGKILL every process whose environment variable ``name`` starts with ``prefix``; return their pids. For what a
+    run killed by SIGKILL left behind: processes it started in sessions of their own that did not die with their
+    parents (the ranks of ``torch.distributed.run``)."""
+    killed = []
+    for pid in environment_pids(name, prefix, prefix=True):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
     return killed
 
 

@@ -89,14 +89,7 @@ def hold(name: str, path: Path | None = None):
 
 def run_processes(token: str) -> list[int]:
     """Pids of live processes (other than this one) whose environment holds ``KIT_RUN=<token>``."""
-    marker = f"{ENV}={token}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if marker in Path(entry.path, "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-    return found
+    return launch.environment_pids(ENV, token)
 
 
 def sweep(token: str) -> int:
