@@ -5,16 +5,16 @@ Run by the test module as
 Each scenario builds a plain ``DataLoader`` over the sample ids ``0..95``, passes it through
 ``Accelerator.prepare()`` with ``DataLoaderConfiguration(use_stateful_dataloader=True)`` and writes what this
 rank saw to ``OUT_DIR/<scenario>.rank<N>.json``. This script only records; the parent test compares the ranks
-and asserts. A scenario that raises records its traceback instead of results.
+and asserts. A scenario that raises records its traceback instead of results and ends the launch
+(``tests/rank_worker.py``).
 """
 
 import contextlib
 import gc
 import hashlib
-import json
 import os
 import sys
-import traceback
+from pathlib import Path
 
 import accelerate
 import psutil
@@ -22,6 +22,9 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.data_loader import get_sampler
 from torch.utils.data import DataLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
+from tests.rank_worker import run_scenarios  # noqa: E402
 
 NUM_SAMPLES = 96
 BATCH_SIZE = 4
@@ -243,20 +246,17 @@ def main():
     out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
-    for name in wanted:
+
+    def call(name):
         function, args, kwargs = SCENARIOS[name]
         if function is early_checkpoint:  # a checkpoint directory per scenario and rank
             kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.rank{rank}.checkpoint"))
         try:
-            result = function(accelerator, rank, *args, **kwargs)
-        except Exception:
-            result = {"error": traceback.format_exc()}
-        gc.collect()  # loaders of this scenario stop their workers now, not during the next one
-        result.update(scenario=name, rank=rank, world_size=accelerator.num_processes, accelerate=accelerate.__file__)
-        path = os.path.join(out_dir, f"{name}.rank{rank}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(result, f)
-        os.replace(path + ".tmp", path)
+            return function(accelerator, rank, *args, **kwargs)
+        finally:
+            gc.collect()  # loaders of this scenario stop their workers now, not during the next one
+
+    run_scenarios(out_dir, wanted, rank, call, world_size=accelerator.num_processes, accelerate=accelerate.__file__)
     accelerator.end_training()
 
 

@@ -12,15 +12,17 @@ uninterrupted run (``uninterrupted``), of a run stopped after ``STEPS_BEFORE_SAV
 compares and asserts. A scenario that raises records its traceback instead.
 """
 
-import json
 import os
 import sys
-import traceback
+from pathlib import Path
 
 import deepspeed
 import deepspeed.comm as dist
 import torch
 from scenarios import ONE_EPOCH, SEED, SEVERAL_CLUSTERS, SINGLE_CLUSTER, with_index_to_sample  # next to this script
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
+from tests.rank_worker import run_scenarios  # noqa: E402
 
 MICRO_BATCH = 2
 GRADIENT_ACCUMULATION = 2
@@ -105,17 +107,14 @@ def main():
     # init_distributed, minutes of C++ build that add nothing to what these tests check.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed("gloo")
-    rank = dist.get_rank()
-    for name in wanted:
-        try:
-            result = scenario(out_dir, name)
-        except Exception:
-            result = {"error": traceback.format_exc()}
-        result.update(scenario=name, rank=rank, world_size=dist.get_world_size(), deepspeed=deepspeed.__file__)
-        path = os.path.join(out_dir, f"{name}.rank{rank}.json")
-        with open(path + ".tmp", "w") as f:
-            json.dump(result, f)
-        os.replace(path + ".tmp", path)
+    run_scenarios(
+        out_dir,
+        wanted,
+        dist.get_rank(),
+        lambda name: scenario(out_dir, name),
+        world_size=dist.get_world_size(),
+        deepspeed=deepspeed.__file__,
+    )
     dist.barrier()
 
 

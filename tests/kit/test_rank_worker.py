@@ -1,0 +1,54 @@
+"""tests/rank_worker.py: a scenario that raises on one rank ends the launch at once, not at its timeout.
+
+The shape of the hang found on accelerate 1.13.0 (a DataLoader worker crashed in one scenario of rank 0, which
+recorded the error and went on, while rank 1 waited in a collective until the launch's 600 s timeout): here rank 0
+raises in the first scenario and rank 1 goes on to a barrier rank 0 never reaches.
+"""
+
+import json
+import sys
+
+import pytest
+
+from scripts import launch
+from scripts.sources import KIT_ROOT
+from tests.launched import rank_results
+
+WORKER = """
+import sys
+import torch.distributed as dist
+sys.path.insert(0, {root!r})
+from tests.rank_worker import run_scenarios
+
+def call(name):
+    if name == "raises" and dist.get_rank() == 0:
+        raise RuntimeError("rank 0 fails here")
+    dist.barrier()  # rank 1 waits here for rank 0
+    return {{"done": True}}
+
+dist.init_process_group("gloo")
+run_scenarios(sys.argv[1], ["raises", "later"], dist.get_rank(), call, world_size=dist.get_world_size())
+"""
+TIMEOUT = 120  # s; the launch must end long before
+
+
+def test_a_raising_scenario_ends_the_launch(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(root=str(KIT_ROOT)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    result = launch.run([*cmd, str(tmp_path)], tmp_path / "launch.log", TIMEOUT, cwd=tmp_path)
+
+    log = (tmp_path / "launch.log").read_text(errors="replace")
+    assert not result.timed_out, f"the launch waited for its timeout:\n{log[-3000:]}"
+    assert result.returncode != 0
+    assert result.seconds < TIMEOUT / 2, result.seconds
+    error = json.loads((tmp_path / "raises.rank0.json").read_text())
+    assert "rank 0 fails here" in error["error"] and error["rank"] == 0
+    assert "scenario 'raises' raised; ending the launch" in log
+    assert not (tmp_path / "later.rank0.json").exists()
+    for path in tmp_path.glob("*.rank1.json"):  # rank 1 is stopped, or its barrier fails as rank 0 is gone
+        assert "done" not in json.loads(path.read_text()), f"rank 1 passed a barrier rank 0 never joined: {path.name}"
+    (tmp_path / "launch.json").write_text(json.dumps({"returncode": result.returncode}))
+    for scenario, message in (("raises", "rank 0 raised in 'raises'"), ("later", "rank 0 wrote no result")):
+        with pytest.raises(pytest.fail.Exception, match=message):
+            rank_results(tmp_path, 2, scenario)

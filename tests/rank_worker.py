@@ -1,0 +1,38 @@
+"""What the worker scripts of the multi-process suites share: run scenarios on this rank and write their results.
+
+Imported by ``tests/accelerate/accelerate_worker.py`` and ``tests/deepspeed/engine_worker.py``, which run under
+``torch.distributed.run``; the parent tests read the files with ``tests/launched.py``.
+"""
+
+import json
+import os
+import sys
+import traceback
+from collections.abc import Callable, Iterable
+
+ABORT_EXIT_CODE = 3  # this rank's exit status when one of its scenarios raised
+
+
+def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[[str], dict], **recorded) -> None:
+    """Run ``call(name)`` for each scenario and write ``OUT_DIR/<name>.rank<RANK>.json``: its result dict plus
+    ``scenario``, ``rank`` and ``recorded`` (world size, the upstream's import path).
+
+    A scenario that raises writes ``{"error": <traceback>}`` instead, prints the traceback to standard error and ends
+    this rank at once (``os._exit(ABORT_EXIT_CODE)``): its peers may be waiting in a collective it will never join,
+    and ``torch.distributed.run`` stops them when a rank fails, so the launch ends now rather than at its timeout.
+    The later scenarios then have no result, which the parent's tests report with the launch log.
+    """
+    for name in names:
+        try:
+            result = call(name)
+        except Exception:
+            result = {"error": traceback.format_exc()}
+        result.update(scenario=name, rank=rank, **recorded)
+        path = os.path.join(out_dir, f"{name}.rank{rank}.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(path + ".tmp", path)
+        if "error" in result:
+            print(f"rank {rank}: scenario {name!r} raised; ending the launch\n{result['error']}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(ABORT_EXIT_CODE)
