@@ -110,9 +110,9 @@ def partition(accelerator, rank, seeding, num_workers, state_dict_first=False, e
     return result
 
 
-def resume(accelerator, rank, num_workers, dispatch_batches=False, stop_after=3):
+def resume(accelerator, rank, num_workers, dispatch_batches=False, stop_after=3, use_seedable_sampler=True):
     """Epoch 0 uninterrupted; then ``stop_after`` batches, ``state_dict()``, a new loader, ``load_state_dict()``."""
-    config = {"use_seedable_sampler": True, "dispatch_batches": dispatch_batches}
+    config = {"use_seedable_sampler": use_seedable_sampler, "dispatch_batches": dispatch_batches}
     seed_rank("common", rank)
     uninterrupted = sample_ids(prepare(accelerator, num_workers, **config))
 
@@ -203,6 +203,7 @@ SCENARIOS["persistent-workers-nw2"] = (partition, ("diverged", 2), {"epochs": 2,
 for _nw in (0, 2):
     SCENARIOS[f"dispatch-batches-nw{_nw}"] = (partition, ("diverged", _nw), {"dispatch_batches": True})
     SCENARIOS[f"resume-shard-nw{_nw}"] = (resume, (_nw,), {})
+    SCENARIOS[f"resume-shard-sampler-generator-nw{_nw}"] = (resume, (_nw,), {"use_seedable_sampler": False})
 # Not resume-dispatch-nw2: with workers, a DataLoaderDispatcher resumed mid-epoch skips one batch too many, on the
 # base as with the fix (DataLoaderAdapter.adjust_state_dict_for_prefetch only knows the single-process state layout).
 SCENARIOS["resume-dispatch-nw0"] = (resume, (0,), {"dispatch_batches": True})

@@ -152,17 +152,23 @@ def test_dispatch_batches_partition(launch_dir, num_workers):
     [
         pytest.param("resume-shard-nw0", id="shard-nw0"),
         pytest.param("resume-shard-nw2", id="shard-nw2", marks=regression),
+        pytest.param("resume-shard-sampler-generator-nw0", id="shard-sampler-generator-nw0"),
+        pytest.param("resume-shard-sampler-generator-nw2", id="shard-sampler-generator-nw2", marks=regression),
         pytest.param("resume-dispatch-nw0", id="dispatch-nw0"),
     ],
 )
 def test_mid_epoch_resume(launch_dir, scenario):
     """Save after 3 batches, load into a new prepared loader: the rest equals the uninterrupted epoch 0.
 
-    ``use_seedable_sampler=True`` and one common seed on both ranks. ``shard-nw2`` is a regression test: on
-    the base, the prefetch in ``prepare()`` runs before ``prepare_data_loader`` swaps in the
-    ``SeedableRandomSampler`` (line 1326), so the uninterrupted epoch 0 comes from the original sampler while
-    the resumed loader follows the seedable one. ``dispatch_batches`` with workers is left out: it resumes one
-    batch too far on the base and with the fix alike, a separate bug (see ``accelerate_worker.py``).
+    One common seed on both ranks; ``use_seedable_sampler=True`` except in ``sampler-generator`` (the generator
+    ``prepare_data_loader`` attaches to the sampler, line 1247). With workers these are regression tests: on the base
+    the prefetch in ``prepare()`` draws a permutation before the epoch. ``shard-nw2``: it runs before
+    ``prepare_data_loader`` swaps in the ``SeedableRandomSampler`` (line 1326), so the uninterrupted epoch 0 comes
+    from the original sampler while the resumed loader follows the seedable one. ``shard-sampler-generator-nw2``:
+    the uninterrupted run iterates that prefetched permutation, while the resumed loader, whose ``prepare()`` drew one
+    permutation already, draws the next one from the sampler's generator and skips into it. ``dispatch_batches``
+    with workers is left out: it resumes one batch too far on the base and with the fix alike, a separate bug (see
+    ``accelerate_worker.py``).
     """
     for result in ranks(launch_dir, scenario):
         uninterrupted, resumed = result["uninterrupted"], result["before"] + result["after"]

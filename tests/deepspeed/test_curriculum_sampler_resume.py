@@ -333,10 +333,23 @@ def builtins_only(value):
     return value is None or type(value) in (bool, int, float, str)
 
 
+# DeepSpeed's built-in difficulty schedules (curriculum_scheduler.py); fixed_discrete is the scenarios' own.
+SCHEDULES = {
+    "fixed_discrete": None,
+    "fixed_linear": {"total_curriculum_step": 6, "difficulty_step": 1},
+    "fixed_root": {"total_curriculum_step": 6, "difficulty_step": 1, "root_degree": 2},
+}
+
+
 @pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_state_dict_holds_only_python_builtins(tmp_path, scenario):
-    sampler = make_sampler(tmp_path, "saved", SCENARIOS[scenario])
+def test_state_dict_holds_only_python_builtins(tmp_path, scenario, schedule):
+    """With each built-in difficulty schedule, the state is Python built-ins (``torch.load(weights_only=True)``)."""
+    metric = dict(SCENARIOS[scenario])
+    if SCHEDULES[schedule] is not None:
+        metric.update(schedule_type=schedule, schedule_config=SCHEDULES[schedule])
+    sampler = make_sampler(tmp_path, "saved", metric)
     take(sampler, 13)  # past a cluster reshuffle: cluster positions have been recomputed
     state = sampler.state_dict()
     assert not [key for key, value in state.items() if not builtins_only(value)], state

@@ -1,0 +1,161 @@
+"""Accelerate #4204: the series beside the pristine release it applies to, in one process.
+
+What the commit message and the PR promise beyond the bug: a dataloader state written by the release resumes the
+writer's epoch in the patched version, and the release resumes a state written with the series as its own (the state
+format is unchanged); ``prepare()``
+with ``use_stateful_dataloader=True`` draws from the global RNG only what ``prepare()`` without it draws (the
+sampler's seed, ``prepare_data_loader`` line 1250 of 1.15.0); and dataloaders without ``use_stateful_dataloader``
+behave as in the release.
+
+The release's ``data_loader.py`` is read from ``base/<version>`` of the kit's checkout with git and imported as a
+sibling module of the installed one, so its relative imports resolve in the installed package (the series changes
+only ``data_loader.py``). On the base both sides are the release: the guards pass there and fail when the series
+changes what they check; the test marked ``regression`` fails on the base.
+"""
+
+import importlib.util
+import io
+import subprocess
+from pathlib import Path
+
+import accelerate
+import accelerate.data_loader as data_loader_module
+import pytest
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+UPSTREAM = Path(__file__).resolve().parents[2] / "upstream" / "accelerate"  # the kit's checkout (make upstream)
+DATA_LOADER_PATH = "src/accelerate/data_loader.py"
+NUM_SAMPLES = 48
+BATCH_SIZE = 4
+SEED = 7
+regression = pytest.mark.regression("accelerate", 4204)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def accelerator():
+    """The accelerator state that ``DataLoaderShard.__iter__`` reads to synchronize the RNGs (one CPU process)."""
+    return Accelerator(cpu=True)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """The ``accelerate.data_loader`` module of the pristine release the checkout is based on."""
+    version = accelerate.__version__.split("+")[0]
+    shown = subprocess.run(["git", "-C", str(UPSTREAM), "show", f"base/{version}:{DATA_LOADER_PATH}"],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, f"no pristine tree of accelerate {version} in {UPSTREAM} (run make upstream): " + (
+        shown.stderr)
+    path = tmp_path_factory.mktemp("pristine") / "pristine_data_loader.py"
+    path.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location("accelerate.pristine_data_loader", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def prepared(module, num_workers, stateful=True):
+    """Process 0's shard of a shuffled dataloader over the sample ids, through ``module.prepare_data_loader`` after
+    ``torch.manual_seed(SEED)``: 2 processes, ``rng_types=["generator"]`` as ``Accelerator.prepare`` passes them (so
+    the sampler gets its own generator, seeded from the global RNG; there is no other process to synchronize with)."""
+    torch.manual_seed(SEED)
+    loader = DataLoader(list(range(NUM_SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
+    return module.prepare_data_loader(
+        loader, num_processes=2, process_index=0, rng_types=["generator"], use_stateful_dataloader=stateful
+    )
+
+
+def ids(batches):
+    return [int(i) for batch in batches for i in batch]
+
+
+def through_checkpoint(state):
+    """``state`` after ``torch.save`` and ``torch.load``, as ``save_state()`` / ``load_state()`` store it."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def state_after(module, num_workers, stop_after):
+    """The state of a dataloader of ``module`` that yielded ``stop_after`` batches (0: before the first batch)."""
+    loader = prepared(module, num_workers)
+    batches = []
+    if stop_after:
+        for batch in loader:
+            batches.append(batch)
+            if len(batches) == stop_after:
+                break
+    state = through_checkpoint(loader.state_dict())
+    loader.end()
+    return state
+
+
+def resumed(module, num_workers, state):
+    """The rest of the epoch of a new dataloader of ``module`` that loaded ``state``."""
+    loader = prepared(module, num_workers)
+    loader.load_state_dict(state)
+    return ids(loader)
+
+
+def uninterrupted(module, num_workers):
+    """The epoch of a dataloader of ``module`` that nothing interrupts."""
+    loader = prepared(module, num_workers)
+    return ids(loader)
+
+
+STOPS = [pytest.param(0, id="before-first-batch"), pytest.param(3, id="mid-epoch")]
+
+
+@pytest.mark.parametrize("stop_after", STOPS)
+@pytest.mark.parametrize("num_workers", [pytest.param(0, id="nw0"), pytest.param(2, id="nw2", marks=regression)])
+def test_state_of_the_release_resumes_the_epoch(pristine, num_workers, stop_after):
+    """A state the release wrote (a checkpoint of the running version, before an upgrade) resumes the rest of the
+    epoch the writer yielded. A regression test with workers: on the base the new dataloader's ``prepare()`` drew a
+    permutation from the sampler's generator already, so the resumed run reads another permutation."""
+    state = state_after(pristine, num_workers, stop_after)
+    expected = uninterrupted(pristine, num_workers)[stop_after * BATCH_SIZE :]
+    got = resumed(data_loader_module, num_workers, state)
+    assert got == expected, f"resumed after {stop_after} batches: {got}, the writer's epoch went on with {expected}"
+
+
+@pytest.mark.parametrize("stop_after", STOPS)
+@pytest.mark.parametrize("num_workers", [pytest.param(0, id="nw0"), pytest.param(2, id="nw2")])
+def test_release_loads_a_state_of_the_series_as_its_own(pristine, num_workers, stop_after):
+    """A state written with the series (a checkpoint read after a downgrade) resumes in the release exactly as a state
+    the release wrote at the same point: the state format is unchanged."""
+    of_series = resumed(pristine, num_workers, state_after(data_loader_module, num_workers, stop_after))
+    of_release = resumed(pristine, num_workers, state_after(pristine, num_workers, stop_after))
+    assert len(of_release) == NUM_SAMPLES // 2 - stop_after * BATCH_SIZE, of_release
+    assert of_series == of_release
+
+
+def global_rng_after_prepare(module, num_workers, stateful):
+    prepared(module, num_workers, stateful)
+    return torch.random.get_rng_state()
+
+
+@regression
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
+def test_prepare_draws_only_the_sampler_seed(num_workers):
+    """``prepare()`` with the stateful dataloader leaves the global RNG where ``prepare()`` without it does: it drew
+    the seed of the sampler's generator, and no iterator's draws (the release builds an iterator there)."""
+    without = global_rng_after_prepare(data_loader_module, num_workers, stateful=False)
+    torch.manual_seed(SEED)
+    assert not torch.equal(without, torch.random.get_rng_state()), "prepare() drew no sampler seed"
+    stateful = global_rng_after_prepare(data_loader_module, num_workers, stateful=True)
+    assert torch.equal(stateful, without), "prepare() with use_stateful_dataloader=True drew more than the seed"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
+def test_plain_dataloader_as_in_the_release(pristine, num_workers):
+    """Without ``use_stateful_dataloader``: the same two epochs and global RNG afterwards as the release."""
+    runs = []
+    for module in (pristine, data_loader_module):
+        loader = prepared(module, num_workers, stateful=False)
+        epochs = [ids(loader), ids(loader)]
+        runs.append((epochs, torch.random.get_rng_state()))
+    (release_epochs, release_rng), (series_epochs, series_rng) = runs
+    assert series_epochs == release_epochs
+    assert torch.equal(series_rng, release_rng)
