@@ -23,6 +23,7 @@ import accelerate.data_loader as data_loader_module
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from torch.utils.data import DataLoader
 
 UPSTREAM = Path(__file__).resolve().parents[2] / "upstream" / "accelerate"  # the kit's checkout (make upstream)
@@ -35,8 +36,14 @@ regression = pytest.mark.regression("accelerate", 4204)
 
 @pytest.fixture(scope="module", autouse=True)
 def accelerator():
-    """The accelerator state that ``DataLoaderShard.__iter__`` reads to synchronize the RNGs (one CPU process)."""
-    return Accelerator(cpu=True)
+    """The accelerator state that ``DataLoaderShard.__iter__`` reads to synchronize the RNGs (one CPU process).
+
+    Reset afterwards as Accelerate's own ``AccelerateTestCase.tearDown`` does: the states are process-wide singletons,
+    and a later test in this process (``debug_launcher`` forks it) must not inherit a single-process state.
+    """
+    yield Accelerator(cpu=True)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
 
 
 @pytest.fixture(scope="module")
