@@ -37,18 +37,26 @@ def rank_results(out_dir: Path, nproc: int, scenario: str) -> list[dict]:
     """Every rank's result of ``scenario``, rank 0 first.
 
     Fails the test (pytest.fail) with the launch's summary and the tail of ``launch.log`` when a rank wrote no
-    result, and with the traceback when a rank's scenario raised.
+    result, and with the traceback when a rank's scenario raised; when the launch timed out, that message says so
+    first: an error recorded while the launch was being stopped can be a consequence of the stop, not the cause
+    (the SIGUSR1 stack dump of a process that hangs can itself crash it, see ``scripts/launch_site``).
     """
     results = []
+    summary = json.loads((out_dir / "launch.json").read_text())
     for rank in range(nproc):
         path = out_dir / f"{scenario}.rank{rank}.json"
         if not path.exists():
-            summary = json.loads((out_dir / "launch.json").read_text())
             tail = (out_dir / "launch.log").read_text(errors="replace")[-3000:]
             pytest.fail(f"rank {rank} wrote no result for {scenario!r}; launch: {summary}\n--- launch.log ---\n{tail}")
         result = json.loads(path.read_text())
         if "error" in result:
-            pytest.fail(f"rank {rank} raised in {scenario!r}:\n{result['error']}")
+            stopped = ""
+            if summary.get("timed_out"):
+                stopped = (
+                    f" (the launch timed out after {summary.get('seconds')} s: this error may have been raised "
+                    "while its processes were dumped and killed; the hang is in launch.log's stacks)"
+                )
+            pytest.fail(f"rank {rank} raised in {scenario!r}{stopped}:\n{result['error']}")
         assert result["world_size"] == nproc, result
         results.append(result)
     return results

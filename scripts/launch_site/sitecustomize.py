@@ -6,6 +6,10 @@ first on ``PYTHONPATH``), and by every process those start in turn (the environm
    capture cannot swallow it), with ``faulthandler.register(SIGUSR1, all_threads=True)``. The handler is C code:
    it runs even while the process waits inside a collective or a lock. Forked children (DataLoader workers)
    inherit it. ``launch.run`` sends the signal to every process of a launch that timed out, then kills them.
+   The dump is not safe in every state: a forked child that deadlocked inside CPython's own after-fork code
+   (CPython 3.11 before 3.11.10, gh-112275: another thread held the runtime's thread-state lock at the fork) still
+   lists a half-made thread state, and the dump crashes on it (SIGSEGV) after one "Thread 0x..." line; its parent
+   then sees a worker "killed by signal: Segmentation fault" while the launch is being stopped.
 2. Where each upstream was imported from (the gate's check): with ``KIT_IMPORT_RECORD=<dir>`` and
    ``KIT_IMPORT_PACKAGES=<name>,<name>``, the process writes ``<dir>/<pid>.json`` at a normal exit:
    ``{"argv": [...], "modules": {module name: file}}`` for every loaded module of those packages.

@@ -1,8 +1,9 @@
 """tests/rank_worker.py: a scenario that raises on one rank ends the launch at once, not at its timeout.
 
-The shape of the hang found on accelerate 1.13.0 (a DataLoader worker crashed in one scenario of rank 0, which
-recorded the error and went on, while rank 1 waited in a collective until the launch's 600 s timeout): here rank 0
-raises in the first scenario and rank 1 goes on to a barrier rank 0 never reaches.
+Here rank 0 raises in the first scenario and rank 1 goes on to a barrier rank 0 never reaches. (The gate run on
+accelerate 1.13.0 that prompted this was another case: a DataLoader worker deadlocked at fork, rank 0 waited for it
+until the 600 s timeout, and the worker's SIGUSR1 stack dump then crashed it, so rank 0 recorded "killed by signal:
+Segmentation fault" only while the launch was being stopped; see the last test.)
 """
 
 import json
@@ -52,3 +53,14 @@ def test_a_raising_scenario_ends_the_launch(tmp_path):
     for scenario, message in (("raises", "rank 0 raised in 'raises'"), ("later", "rank 0 wrote no result")):
         with pytest.raises(pytest.fail.Exception, match=message):
             rank_results(tmp_path, 2, scenario)
+
+
+def test_an_error_of_a_launch_that_timed_out_says_so(tmp_path):
+    """A rank's error in a launch that timed out is reported with the timeout first: it may come from the stop."""
+    (tmp_path / "launch.json").write_text(json.dumps({"returncode": None, "timed_out": True, "seconds": 600.0}))
+    (tmp_path / "s.rank0.json").write_text(json.dumps({"error": "RuntimeError: DataLoader worker (pid 1) is killed"}))
+    with pytest.raises(pytest.fail.Exception, match=r"rank 0 raised in 's' \(the launch timed out after 600.0 s"):
+        rank_results(tmp_path, 2, "s")
+    (tmp_path / "launch.json").write_text(json.dumps({"returncode": 3, "timed_out": False, "seconds": 9.0}))
+    with pytest.raises(pytest.fail.Exception, match=r"rank 0 raised in 's':\n"):
+        rank_results(tmp_path, 2, "s")
