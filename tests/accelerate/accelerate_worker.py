@@ -12,6 +12,8 @@ and asserts. A scenario that raises records its traceback instead of results and
 import contextlib
 import gc
 import hashlib
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 from pathlib import Path
@@ -50,9 +52,10 @@ def seed_rank(seeding, rank):
 
 
 def live_children():
-    """Pids of this rank's live child processes: the DataLoader workers are its only children."""
+    """Pids of this rank's live descendant processes. The DataLoader workers are the only ones started after
+    ``main()`` began (they are the forkserver's children, see ``main()``), so a difference of two calls counts them."""
     pids = set()
-    for child in psutil.Process().children():
+    for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):  # a worker that exited meanwhile is not live
             if child.status() != psutil.STATUS_ZOMBIE:
                 pids.add(child.pid)
@@ -245,6 +248,13 @@ SCENARIOS["dispatch-mid-epoch-state-dict-nw2"] = (dispatcher_mid_epoch_state_dic
 
 def main():
     out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
+    # DataLoader workers start from a forkserver, started here before any Gloo thread exists: CPython 3.11 before
+    # 3.11.10 can deadlock a child forked while another thread creates a Python thread state (gh-112275), which
+    # torch's Gloo threads do when they free a finished broadcast, right before DataLoaderShard.__iter__ starts the
+    # epoch's workers. Where the workers come from changes nothing these scenarios check (order, generators, counts).
+    multiprocessing.set_start_method("forkserver")
+    multiprocessing.set_forkserver_preload(["torch", "torchdata.stateful_dataloader"])
+    multiprocessing.forkserver.ensure_running()
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
 
