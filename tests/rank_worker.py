@@ -5,12 +5,29 @@ Imported by ``tests/accelerate/accelerate_worker.py`` and ``tests/deepspeed/engi
 """
 
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable
 
 ABORT_EXIT_CODE = 3  # this rank's exit status when one of its scenarios raised
+
+
+def use_forkserver(preload: list[str]) -> None:
+    """Make multiprocessing start new processes (the DataLoader workers) from a forkserver, started now with the
+    modules ``preload`` imported; call it before the process group starts.
+
+    CPython 3.11 before 3.11.10 can deadlock a child forked while another thread creates a Python thread state
+    (gh-112275). torch's Gloo threads do that when they free a finished collective's tensors, which is right before an
+    epoch forks its workers (``DataLoaderShard.__iter__`` synchronizes the RNGs by a broadcast first): about one
+    2-process launch in 60 hung so. The forkserver has no such threads. Where the workers start from changes nothing
+    the suites check (sample order, generator states, workers counted as new descendants of the rank).
+    """
+    multiprocessing.set_start_method("forkserver")
+    multiprocessing.set_forkserver_preload(preload)
+    multiprocessing.forkserver.ensure_running()
 
 
 def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[[str], dict], **recorded) -> None:

@@ -12,8 +12,6 @@ and asserts. A scenario that raises records its traceback instead of results and
 import contextlib
 import gc
 import hashlib
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import sys
 from pathlib import Path
@@ -26,7 +24,7 @@ from accelerate.data_loader import get_sampler
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
-from tests.rank_worker import run_scenarios  # noqa: E402
+from tests.rank_worker import run_scenarios, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 96
 BATCH_SIZE = 4
@@ -53,7 +51,8 @@ def seed_rank(seeding, rank):
 
 def live_children():
     """Pids of this rank's live descendant processes. The DataLoader workers are the only ones started after
-    ``main()`` began (they are the forkserver's children, see ``main()``), so a difference of two calls counts them."""
+    ``main()`` began (children of the forkserver, see ``use_forkserver``), so the difference of two calls counts them.
+    """
     pids = set()
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.NoSuchProcess):  # a worker that exited meanwhile is not live
@@ -248,13 +247,7 @@ SCENARIOS["dispatch-mid-epoch-state-dict-nw2"] = (dispatcher_mid_epoch_state_dic
 
 def main():
     out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
-    # DataLoader workers start from a forkserver, started here before any Gloo thread exists: CPython 3.11 before
-    # 3.11.10 can deadlock a child forked while another thread creates a Python thread state (gh-112275), which
-    # torch's Gloo threads do when they free a finished broadcast, right before DataLoaderShard.__iter__ starts the
-    # epoch's workers. Where the workers come from changes nothing these scenarios check (order, generators, counts).
-    multiprocessing.set_start_method("forkserver")
-    multiprocessing.set_forkserver_preload(["torch", "torchdata.stateful_dataloader"])
-    multiprocessing.forkserver.ensure_running()
+    use_forkserver(["torch", "torchdata.stateful_dataloader"])  # before Gloo starts (gh-112275)
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
 

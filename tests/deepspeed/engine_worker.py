@@ -22,7 +22,7 @@ import torch
 from scenarios import ONE_EPOCH, SEED, SEVERAL_CLUSTERS, SINGLE_CLUSTER, with_index_to_sample  # next to this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
-from tests.rank_worker import run_scenarios  # noqa: E402
+from tests.rank_worker import run_scenarios, use_forkserver  # noqa: E402
 
 MICRO_BATCH = 2
 GRADIENT_ACCUMULATION = 2
@@ -106,6 +106,7 @@ def main():
     # compatible (deepspeed/comm/torch.py build_shm_op): on Linux that op would be compiled at the first
     # init_distributed, minutes of C++ build that add nothing to what these tests check.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    use_forkserver(["torch"])  # the DataLoader workers of num_workers2 (gh-112275), before Gloo starts
     deepspeed.init_distributed("gloo")
     run_scenarios(
         out_dir,
