@@ -27,6 +27,7 @@ from pathlib import Path
 SITE = Path(__file__).resolve().with_name("launch_site")  # holds the sitecustomize.py described above
 DUMP_WAIT = 2.0  # seconds a process gets to write its stacks after SIGUSR1
 POLL = 0.05  # seconds between two looks at the running launches
+KILL_WAIT = 10.0  # seconds kill_tree waits for the killed processes to end
 _LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -54,8 +55,19 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (read from /proc/<pid>/stat)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL the process group of ``proc`` (started with ``start_new_session``) and every process below it.
+    """SIGKILL the process group of ``proc`` (started with ``start_new_session``) and every process below it, and
+    wait until each is gone or a zombie (at most KILL_WAIT seconds: SIGKILL is delivered asynchronously, and a busy
+    machine can take a moment to end a process in its own session, the ranks of ``torch.distributed.run``).
 
     The descendants are collected before anything is killed, while they are still linked to ``proc``.
     """
@@ -66,6 +78,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     proc.wait()
+    deadline = time.monotonic() + KILL_WAIT
+    while any(running(pid) for pid in below) and time.monotonic() < deadline:
+        time.sleep(POLL)
 
 
 def environment_pids(name: str, value: str, prefix: bool = False) -> list[int]:

@@ -4,6 +4,7 @@ Imported by ``tests/accelerate/accelerate_worker.py`` and ``tests/deepspeed/engi
 ``torch.distributed.run``; the parent tests read the files with ``tests/launched.py``.
 """
 
+import contextlib
 import json
 import multiprocessing
 import multiprocessing.forkserver
@@ -11,6 +12,8 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterable
+
+import psutil
 
 ABORT_EXIT_CODE = 3  # this rank's exit status when one of its scenarios raised
 
@@ -35,8 +38,9 @@ def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[
     ``scenario``, ``rank`` and ``recorded`` (world size, the upstream's import path).
 
     A scenario that raises writes ``{"error": <traceback>}`` instead, prints the traceback to standard error and ends
-    this rank at once (``os._exit(ABORT_EXIT_CODE)``): its peers may be waiting in a collective it will never join,
-    and ``torch.distributed.run`` stops them when a rank fails, so the launch ends now rather than at its timeout.
+    this rank at once (``os._exit(ABORT_EXIT_CODE)``, its own child processes killed first, which would outlive it):
+    its peers may be waiting in a collective it will never join, and ``torch.distributed.run`` stops them when a rank
+    fails, so the launch ends now rather than at its timeout.
     The later scenarios then have no result, which the parent's tests report with the launch log.
     """
     for name in names:
@@ -52,4 +56,7 @@ def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[
         if "error" in result:
             print(f"rank {rank}: scenario {name!r} raised; ending the launch\n{result['error']}", file=sys.stderr)
             sys.stderr.flush()
+            for process in psutil.Process().children(recursive=True):  # the forkserver and workers would outlive us
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.kill()
             os._exit(ABORT_EXIT_CODE)

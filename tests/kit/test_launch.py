@@ -47,15 +47,7 @@ dist.barrier()
 
 def alive(pids: list[int]) -> list[int]:
     """The pids of ``pids`` that still run (zombies count as gone)."""
-    running = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    running.append(pid)
-        except OSError:
-            pass
-    return running
+    return [pid for pid in pids if launch.running(pid)]
 
 
 def pids_in(log: str) -> list[int]:

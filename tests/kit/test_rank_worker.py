@@ -13,16 +13,19 @@ import pytest
 
 from scripts import launch
 from scripts.sources import KIT_ROOT
+from tests.kit.test_launch import alive
 from tests.launched import rank_results
 
 WORKER = """
-import sys
+import subprocess, sys
 import torch.distributed as dist
 sys.path.insert(0, {root!r})
 from tests.rank_worker import run_scenarios
 
 def call(name):
     if name == "raises" and dist.get_rank() == 0:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # as a DataLoader worker
+        open(sys.argv[1] + "/child.pid", "w").write(str(child.pid))
         raise RuntimeError("rank 0 fails here")
     dist.barrier()  # rank 1 waits here for rank 0
     return {{"done": True}}
@@ -46,6 +49,8 @@ def test_a_raising_scenario_ends_the_launch(tmp_path):
     error = json.loads((tmp_path / "raises.rank0.json").read_text())
     assert "rank 0 fails here" in error["error"] and error["rank"] == 0
     assert "scenario 'raises' raised; ending the launch" in log
+    child = int((tmp_path / "child.pid").read_text())
+    assert alive([child]) == [], "the raising rank's child process outlived the launch"
     assert not (tmp_path / "later.rank0.json").exists()
     for path in tmp_path.glob("*.rank1.json"):  # rank 1 is stopped, or its barrier fails as rank 0 is gone
         assert "done" not in json.loads(path.read_text()), f"rank 1 passed a barrier rank 0 never joined: {path.name}"
