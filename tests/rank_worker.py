@@ -9,11 +9,12 @@ import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable, Iterable
 
-import psutil
+from scripts import launch
 
 ABORT_EXIT_CODE = 3  # this rank's exit status when one of its scenarios raised
 
@@ -56,7 +57,7 @@ def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[
         if "error" in result:
             print(f"rank {rank}: scenario {name!r} raised; ending the launch\n{result['error']}", file=sys.stderr)
             sys.stderr.flush()
-            for process in psutil.Process().children(recursive=True):  # the forkserver and workers would outlive us
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    process.kill()
+            for pid in launch.descendants(os.getpid()):  # the forkserver and workers would outlive this rank
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             os._exit(ABORT_EXIT_CODE)
