@@ -10,18 +10,22 @@ and asserts. A scenario that raises records its traceback instead of results and
 """
 
 import contextlib
+import functools
 import gc
 import hashlib
 import os
+import random
 import sys
 from pathlib import Path
 
 import accelerate
+import numpy as np
 import psutil
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.data_loader import get_sampler
-from torch.utils.data import DataLoader
+from accelerate.utils import set_seed
+from torch.utils.data import BatchSampler, DataLoader, Dataset, default_collate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
 from tests.rank_worker import run_scenarios, use_forkserver  # noqa: E402
@@ -196,11 +200,152 @@ def dispatcher_mid_epoch_state_dict(accelerator, rank, num_workers, stop_after=2
     return result
 
 
+def log_call(log, event, *_):
+    """Append ``event`` to the file ``log``: one line per call of the user's code, from any process."""
+    with open(log, "a") as f:
+        f.write(event + "\n")
+
+
+class UserBatchSampler(BatchSampler):
+    """A user's batch sampler, as training scripts write them (diffusers' DreamBooth ``BucketBatchSampler`` shuffles
+    with Python's ``random`` and relies on ``set_seed()``): each pass shuffles the sample ids with Python's ``random``,
+    rotates them by numpy's global RNG and by ``draw`` (a torch generator held in a closure, out of sight of any walk
+    over attributes), and the first pass skips ``skip`` batches (a one-shot resume offset). Each pass is logged.
+    """
+
+    def __init__(self, log, draw, skip):
+        self.batch_size, self.drop_last = BATCH_SIZE, False
+        self.log, self.draw, self.skip = log, draw, skip
+
+    def __iter__(self):
+        log_call(self.log, "batch_sampler.__iter__")
+        ids = list(range(NUM_SAMPLES))
+        random.shuffle(ids)
+        shift = (int(np.random.randint(NUM_SAMPLES)) + self.draw(NUM_SAMPLES)) % NUM_SAMPLES
+        ids = ids[shift:] + ids[:shift]
+        skip, self.skip = self.skip, 0
+        yield from [ids[i : i + BATCH_SIZE] for i in range(0, NUM_SAMPLES, BATCH_SIZE)][skip:]
+
+    def __len__(self):
+        return NUM_SAMPLES // BATCH_SIZE - self.skip
+
+
+class UserDataset(Dataset):
+    """The sample ids; each ``__getitem__`` logged (in whichever process runs it)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __getitem__(self, index):
+        log_call(self.log, "dataset.__getitem__")
+        return index
+
+    def __len__(self):
+        return NUM_SAMPLES
+
+
+class UserCollate:
+    """``default_collate``, each call logged."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __call__(self, batch):
+        log_call(self.log, "collate_fn")
+        return default_collate(batch)
+
+
+def closure_draw(generator):
+    """A function drawing an int below ``n`` from ``generator``, which only its closure holds."""
+
+    def draw(n):
+        return int(torch.randint(n, (1,), generator=generator))
+
+    return draw
+
+
+def random_states(generator):
+    """Digests of every random state a user's code may draw from: Python's, numpy's global, torch's global, and
+    ``generator`` (the one ``UserBatchSampler`` holds in a closure)."""
+    states = {
+        "python": repr(random.getstate()),
+        "numpy": repr(np.random.get_state()[1].tolist()),
+        "torch": torch.get_rng_state().numpy().tobytes().hex(),
+        "closure-generator": generator.get_state().numpy().tobytes().hex(),
+    }
+    return {name: hashlib.sha1(state.encode()).hexdigest() for name, state in states.items()}
+
+
+def user_code_checkpoint(accelerator, rank, num_workers, out_dir, use_save_state, dispatch_batches, persistent_workers):
+    """A checkpoint before the first batch of a loader over the user's code above, and a restart from it.
+
+    Three runs, each set up as a training script is (``set_seed(1234)`` on every rank, a new ``UserBatchSampler``
+    skipping 2 batches, ``prepare()``): ``without`` takes no checkpoint; ``with`` takes one before the first batch
+    (``accelerator.save_state`` into a directory of this rank, or ``loader.state_dict()``); ``restarted`` loads it
+    (``load_state`` or ``load_state_dict``) and asks ``state_dict()`` again before its first batch. Per run: the calls
+    of the user's code during ``prepare()`` and during the checkpoint calls, the random states those calls changed,
+    whether the state asked after loading is the loaded one, and the epochs (two with persistent workers).
+    """
+    log = os.path.join(out_dir, "calls.log")
+    os.makedirs(out_dir, exist_ok=True)
+    runs, state = {}, None
+
+    def calls_since(start):
+        with open(log, "a+") as f:
+            f.seek(0)
+            lines = f.read().splitlines()
+        return lines[start:], len(lines)
+
+    for run in ("without", "with", "restarted"):
+        accelerator.free_memory()  # the loader is the accelerator's only one, as in a fresh run
+        set_seed(1234)
+        generator = torch.Generator().manual_seed(4321)
+        sampler = UserBatchSampler(log, closure_draw(generator), skip=2)
+        accelerator.dataloader_config = DataLoaderConfiguration(
+            use_stateful_dataloader=True, dispatch_batches=dispatch_batches
+        )
+        _, start = calls_since(0)
+        loader = accelerator.prepare(
+            DataLoader(
+                UserDataset(log),
+                batch_sampler=sampler,
+                num_workers=num_workers,
+                persistent_workers=persistent_workers,
+                collate_fn=UserCollate(log),
+                worker_init_fn=functools.partial(log_call, log, "worker_init_fn") if num_workers else None,
+            )
+        )
+        calls_in_prepare, start = calls_since(start)
+        before = random_states(generator)
+        result = {"calls_in_prepare": calls_in_prepare}
+        if run == "with":
+            if use_save_state:
+                accelerator.save_state(os.path.join(out_dir, "checkpoint"))
+            else:
+                state = loader.state_dict()
+        elif run == "restarted":
+            if use_save_state:
+                accelerator.load_state(os.path.join(out_dir, "checkpoint"))
+                state = torch.load(os.path.join(out_dir, "checkpoint", "dl_state_dict.bin"), weights_only=False)
+            else:
+                loader.load_state_dict(state)
+            result["state_after_load_is_loaded"] = repr(loader.state_dict()) == repr(state)
+        after = random_states(generator)
+        result["calls_in_checkpoint"], _ = calls_since(start)
+        result["random_states_changed"] = sorted(name for name in before if before[name] != after[name])
+        result["epochs"] = [sample_ids(loader) for _ in range(2 if persistent_workers else 1)]
+        runs[run] = result
+    accelerator.free_memory()
+    return runs
+
+
 SCENARIOS = {}
 for _nw in (0, 1, 2, 6):
     for _seeding in ("diverged", "unequal-use"):
         SCENARIOS[f"partition-{_seeding}-nw{_nw}"] = (partition, (_seeding, _nw), {})
         SCENARIOS[f"state-dict-first-{_seeding}-nw{_nw}"] = (partition, (_seeding, _nw), {"state_dict_first": True})
+# use_seedable_sampler=True: the SeedableRandomSampler seeds itself from each process's own initial seed
+SCENARIOS["partition-seedable-diverged-nw0"] = (partition, ("diverged", 0), {"use_seedable_sampler": True})
 SCENARIOS["persistent-workers-nw2"] = (partition, ("diverged", 2), {"epochs": 2, "persistent_workers": True})
 for _nw in (0, 2):
     SCENARIOS[f"dispatch-batches-nw{_nw}"] = (partition, ("diverged", _nw), {"dispatch_batches": True})
@@ -243,6 +388,23 @@ for _adapter, _nw in (("shard", 0), ("shard", 2), ("dispatch", 2)):
             {"use_save_state": _via == "save-state", "dispatch_batches": _adapter == "dispatch"},
         )
 SCENARIOS["dispatch-mid-epoch-state-dict-nw2"] = (dispatcher_mid_epoch_state_dict, (2,), {})
+# A checkpoint before the first batch runs none of the user's code, whatever it draws from: both adapters, num_workers
+# 0, 2 and 6, persistent workers, save_state() and state_dict()
+USER_CODE_CONFIGS = {}
+for _adapter in ("shard", "dispatch"):
+    for _workers in ("nw0", "nw2", "nw6", "nw2-persistent"):
+        for _via in ("save-state", "state-dict"):
+            if (_adapter, _workers) == ("dispatch", "nw6") or (_via == "state-dict" and _workers != "nw2"):
+                continue
+            USER_CODE_CONFIGS[f"{_adapter}-{_workers}-{_via}"] = {
+                "num_workers": int(_workers[2]),
+                "use_save_state": _via == "save-state",
+                "dispatch_batches": _adapter == "dispatch",
+                "persistent_workers": _workers.endswith("persistent"),
+            }
+for _name, _config in USER_CODE_CONFIGS.items():
+    _config = dict(_config)
+    SCENARIOS[f"user-code-{_name}"] = (user_code_checkpoint, (_config.pop("num_workers"),), _config)
 
 
 def main():
@@ -253,7 +415,7 @@ def main():
 
     def call(name):
         function, args, kwargs = SCENARIOS[name]
-        if function is early_checkpoint:  # a checkpoint directory per scenario and rank
+        if function in (early_checkpoint, user_code_checkpoint):  # a checkpoint directory per scenario and rank
             kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.rank{rank}.checkpoint"))
         try:
             return function(accelerator, rank, *args, **kwargs)

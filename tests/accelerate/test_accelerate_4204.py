@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from scripts import launch
-from tests.accelerate.accelerate_worker import EARLY_CONFIGS
+from tests.accelerate.accelerate_worker import EARLY_CONFIGS, USER_CODE_CONFIGS
 from tests.launched import launch_once, rank_results
 
 WORKER = Path(__file__).with_name("accelerate_worker.py")
@@ -124,6 +124,17 @@ def test_early_state_dict_leaves_no_iterator(launch_dir, num_workers):
     results = ranks(launch_dir, f"state-dict-first-diverged-nw{num_workers}")
     running = [r["workers_after_state_dict"] for r in results]
     assert running == [0, 0], f"workers still running after an early state_dict(): {running} on ranks 0, 1"
+
+
+def test_seedable_sampler_follows_each_process_seed(launch_dir):
+    """Guard on a limit of the fix, stated in the PR: with ``use_seedable_sampler=True`` and a different seed per
+    process, epoch 0 is not a partition, on the base and with the series alike. ``SeedableRandomSampler`` seeds its
+    generator from the process's ``torch.initial_seed()`` (``data_loader.py``, class ``SeedableRandomSampler``), by
+    design, not from a generator that ``DataLoaderShard.__iter__`` synchronizes.
+    """
+    rank0, rank1 = ranks(launch_dir, "partition-seedable-diverged-nw0")
+    shared = set(rank0["epochs"][0]) & set(rank1["epochs"][0])
+    assert shared, "the ranks' epochs 0 are disjoint: the seedable sampler no longer follows each process's own seed"
 
 
 @pytest.mark.parametrize("epoch", [pytest.param(0, id="epoch0", marks=regression), pytest.param(1, id="epoch1")])
@@ -245,3 +256,78 @@ def test_dispatcher_mid_epoch_state_dict_keeps_the_iterator(launch_dir):
         seen = {key: result[key] for key in expected}
         assert seen == expected, f"rank {result['rank']}: {seen}"
     assert_partition(results[0]["epochs"][0], results[1]["epochs"][0], "epoch 0 (dispatch_batches=True)")
+
+
+USER_CODE_RUNS = ["with", "restarted"]
+
+
+def _user_code(config):
+    """Regression with workers (on the base ``prepare()`` already ran the user's batch sampler), a guard without."""
+    return pytest.param(config, marks=() if "-nw0-" in config else regression)
+
+
+@pytest.mark.parametrize("config", [_user_code(config) for config in sorted(USER_CODE_CONFIGS)])
+def test_prepare_runs_no_user_code(launch_dir, config):
+    """``prepare()`` of a loader over a user's batch sampler, dataset, ``collate_fn`` and ``worker_init_fn`` calls none
+    of them (``accelerate_worker.UserBatchSampler``; its calls are logged from every process).
+
+    On the base, ``DataLoaderAdapter.__init__`` asks torchdata for the state, which with workers starts them and
+    primes the prefetch, iterating the batch sampler.
+    """
+    for result in ranks(launch_dir, f"user-code-{config}"):
+        calls = {run: result[run]["calls_in_prepare"] for run in ("without", *USER_CODE_RUNS)}
+        assert calls == {run: [] for run in calls}, f"rank {result['rank']}: prepare() called {calls}"
+
+
+@pytest.mark.parametrize("config", sorted(USER_CODE_CONFIGS))
+def test_checkpoint_before_first_batch_runs_no_user_code(launch_dir, config):
+    """Guard: a checkpoint before the first batch (``save_state()`` or ``state_dict()``), and loading it in a restarted
+    run followed by another ``state_dict()``, call none of the user's code and start no worker.
+
+    Passes on the base, where ``prepare()`` built the iterator; fails with a fix that answers an early ``state_dict()``
+    by building an iterator and dropping it (the previous version of the series), which runs the batch sampler once
+    more.
+    """
+    for result in ranks(launch_dir, f"user-code-{config}"):
+        calls = {run: result[run]["calls_in_checkpoint"] for run in USER_CODE_RUNS}
+        assert calls == {run: [] for run in calls}, f"rank {result['rank']}: the checkpoint calls ran {calls}"
+
+
+@pytest.mark.parametrize("config", sorted(USER_CODE_CONFIGS))
+def test_checkpoint_before_first_batch_draws_no_random_number(launch_dir, config):
+    """Guard: those checkpoint calls change no random state: Python's ``random``, numpy's global RNG, torch's global
+    RNG, and a torch generator that the batch sampler holds in a closure (no walk over attributes finds it)."""
+    for result in ranks(launch_dir, f"user-code-{config}"):
+        changed = {run: result[run]["random_states_changed"] for run in USER_CODE_RUNS}
+        assert changed == {run: [] for run in changed}, f"rank {result['rank']}: random states changed: {changed}"
+
+
+@pytest.mark.parametrize("config", sorted(USER_CODE_CONFIGS))
+def test_checkpoint_before_first_batch_keeps_the_epochs(launch_dir, config):
+    """Guard: with the checkpoint, each rank reads the epochs it reads without one: the batch sampler's one-shot skip
+    of 2 batches is used by the first epoch, not by the checkpoint, so each rank reads 44 of the 96 samples (its shard
+    of the 22 batches after the skip), and the epoch makes the Python and numpy draws."""
+    for result in ranks(launch_dir, f"user-code-{config}"):
+        without, with_checkpoint = result["without"]["epochs"], result["with"]["epochs"]
+        assert len(without[0]) == (NUM_SAMPLES - 2 * 4) // 2, f"rank {result['rank']}: {len(without[0])} samples"
+        assert with_checkpoint == without, (
+            f"rank {result['rank']}: with a checkpoint before the first batch epoch 0 reads {len(with_checkpoint[0])} "
+            f"samples, starting {with_checkpoint[0][:4]}; without, {len(without[0])}, starting {without[0][:4]}"
+        )
+
+
+@pytest.mark.parametrize("config", [_user_code(config) for config in sorted(USER_CODE_CONFIGS)])
+def test_restart_from_checkpoint_before_first_batch_replays_the_epochs(launch_dir, config):
+    """A restarted run (same seed, same set-up) that loads the checkpoint reads the epochs of the run that saved it,
+    and ``state_dict()`` right after loading is the loaded state.
+
+    On the base with workers, ``prepare()`` in each run drew the order and used the skip; the loaded state makes the
+    restarted run build a new iterator, which runs the batch sampler again: another order, and all 24 batches.
+    """
+    for result in ranks(launch_dir, f"user-code-{config}"):
+        saved, restarted = result["with"]["epochs"], result["restarted"]["epochs"]
+        assert restarted == saved, (
+            f"rank {result['rank']}: the restarted run reads {len(restarted[0])} samples, starting {restarted[0][:4]}; "
+            f"the saving run read {len(saved[0])}, starting {saved[0][:4]}"
+        )
+        assert result["restarted"]["state_after_load_is_loaded"], f"rank {result['rank']}: state_dict() after loading"
