@@ -198,10 +198,10 @@ def test_early_state_dict_changes_no_generator(launch_dir, config):
     """Guard: ``loader.state_dict()`` before the first batch leaves the loader's random generators as they were.
 
     Generators: the global torch RNG, the ``DataLoader``'s ``generator=``, the sampler's (attached by
-    ``prepare_data_loader`` or the user's) and the one ``DataLoaderShard.__iter__`` synchronizes. torchdata builds an
-    iterator to answer, which draws the workers' base seed and, with workers, the permutation while priming the
-    prefetch. On the base the iterator was built in ``prepare()``, so the call draws nothing; a fix that restores only
-    the global RNG fails here. A ``SeedableRandomSampler`` creates its generator on its first ``__iter__`` and seeds it
+    ``prepare_data_loader`` or the user's) and the one ``DataLoaderShard.__iter__`` synchronizes. Asked then, torchdata
+    builds an iterator to answer, which draws the workers' base seed and, with workers, the permutation while priming
+    the prefetch. On the base the iterator was built in ``prepare()``, so the call draws nothing; a fix that lets
+    torchdata answer and restores only the global RNG fails here. A ``SeedableRandomSampler`` creates its generator on its first ``__iter__`` and seeds it
     on every one: a generator that did not exist before the call is not compared.
     """
     for result in ranks(launch_dir, f"early-{config}-with"):
