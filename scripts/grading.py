@@ -207,8 +207,12 @@ def key_of(result: Result) -> str:
     return result.regression.partition("#")[2]
 
 
-def judge_step(up: Upstream, step: Step, excerpts: dict[str, str]) -> tuple[dict, list[str]]:
+def judge_step(up: Upstream, step: Step, excerpts: dict[str, str], broken: set = frozenset()
+               ) -> tuple[dict, list[str]]:
     """Return (rows, violations) of one step; add the excerpts of its violating tests to ``excerpts``.
+
+    ``broken``: the tests that did not pass after the step before, whose violations that step reports; here they
+    are no guards (a guard is a test that passed after the step before) and their rows say ``"carried": True``.
 
     rows: {node id: {"contract", "before", "after", "ok", "reason"?, "excerpt"?}} sorted FAIL_TO_PASS first, then
     by id; ``reason`` is the first line of a FAIL_TO_PASS test's assertion message before, ``excerpt`` the path
@@ -229,6 +233,9 @@ def judge_step(up: Upstream, step: Step, excerpts: dict[str, str]) -> tuple[dict
         problems = problems_of(contract, b, a, step.change)
         row = {"contract": contract, "before": b.outcome if b else "missing", "after": a.outcome if a else "missing",
                "ok": not problems}
+        if problems and contract == "PASS_TO_PASS" and key in broken:
+            rows[key] = {**row, "carried": True}
+            continue
         if contract == "FAIL_TO_PASS" and b and b.outcome == "failed":
             row["reason"] = reason(b)
         if problems:
@@ -253,7 +260,10 @@ def judge(up: Upstream) -> tuple[list[tuple[dict, list[str]]], list[str], dict[s
     marked with a key that none of its commits has.
     """
     excerpts: dict[str, str] = {}
-    judged = [judge_step(up, step, excerpts) for step in up.steps]
+    judged, broken = [], set()
+    for step in up.steps:
+        judged.append(judge_step(up, step, excerpts, broken))
+        broken = {key for key, row in judged[-1][0].items() if row["after"] != "passed"}
     violations = [*up.problems, *(v for _, found in judged for v in found)]
     if up.stacked:
         stray = sorted({(k, key_of(r)) for step in up.steps for stage in (step.before, step.after)
@@ -323,6 +333,7 @@ def tests_table(rows: dict, change: str) -> list[str]:
     for key, r in rows.items():
         before_cell = f"{r['before']}: {cell(r['reason'])}" if r.get("reason") else r["before"]
         ok = "yes" if r["ok"] else (f"[**no**]({r['excerpt']})" if "excerpt" in r else "**no**")
+        ok = "not a guard (failed after the commit before)" if r.get("carried") else ok
         md.append(f"| `{key}` | {r['contract']} | {before_cell} | {r['after']} | {ok} |")
     return md + ["", "</details>", ""]
 
@@ -402,10 +413,15 @@ def stack_markdown(name: str, u: dict) -> list[str]:
                f"FAIL_TO_PASS ({len(f2p)}), with the first line of each one's assertion message before commit {k}:",
                ""]
         md += [f"- `{key}`: {cell(rows[key].get('reason', rows[key]['before']), 300)}" for key in f2p]
+        carried = [key for key in guards if rows[key].get("carried")]
+        guards = [key for key in guards if key not in carried]
         kept = sum(rows[key]["ok"] for key in guards)
         md += ["", f"Guards kept green (PASS_TO_PASS): {kept} of {len(guards)}, {len(earlier)} of them the FAIL_TO_PASS "
                f"tests of commits 1..{k - 1}." if k > 1 else
                f"Guards kept green (PASS_TO_PASS): {kept} of {len(guards)}."]
+        if carried:
+            md.append(f"Not guards here: {len(carried)} tests that did not pass after commit {k - 1} (its section "
+                      "says why): " + ", ".join(f"`{key}`" for key in carried[:5]) + ("..." if len(carried) > 5 else ""))
         if step["violations"]:
             md += violation_lines(step["violations"], rows, label)
         md += tests_table(rows, f"commit {k}")
