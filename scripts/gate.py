@@ -45,6 +45,7 @@ STAGE_TIMEOUT = 1800.0  # seconds of one stage's pytest process
 LAUNCH_TIMEOUT = 300.0  # seconds of one launched upstream script
 CHECKS = ("series", "fix")
 ENVIRONMENT = ("torch", "torchdata", "numpy")  # versions recorded beside Python's
+DEFAULT_OUT = sources.KIT_ROOT / "build" / "gate"  # where make gate reports; make pr writes beside it (build/pr/)
 
 
 @dataclass
@@ -151,8 +152,8 @@ def refuse_unstacked_tests(up: Upstream) -> None:
 
 
 def hunks_fail(repo: Path, base: str, earlier: list[Path], patches: list[Path], options: list[str]) -> str:
-    """Apply ``earlier`` whole (``--3way``, as ``git am --3way``) and then ``patches`` with ``options`` to ``base`` in a
-    temporary index (the checkout is not touched); git's first error line for ``patches``, '' when they apply or
+    """Apply ``earlier`` whole (``--3way``, as ``git am --3way``) and then ``patches`` with ``options`` to ``base``
+    in a temporary index (the checkout is not touched); git's first error line for ``patches``, '' when they apply or
     when ``earlier`` does not (the series itself does not apply: prepare reports where)."""
     with tempfile.TemporaryDirectory(prefix="kit-index-") as tmp:
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
@@ -267,7 +268,8 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
         paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
         launches += ["--launch=" + json.dumps({**entry, "script": str(tree / entry["script"]),
                                                "nproc": entry.get("nproc", 2)})
-                     for entry in up.launches if entry["script"] not in up.skipped and (tree / entry["script"]).exists()]
+                     for entry in up.launches
+                     if entry["script"] not in up.skipped and (tree / entry["script"]).exists()]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
@@ -416,7 +418,8 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
     kit_prefix = f"{os.path.relpath(suites / up.pin.name, root)}/"
     upstream_prefix = f"upstream/{up.pin.name}/"
     g = grading.Upstream(up.pin.name, up.pin.version, rev(up.repo, f"base/{up.pin.version}"), check=up.check,
-                         reason=up.reason, skipped=up.skipped, upstream_tests=bool(up.upstream_tests or up.launches))
+                         reason=up.reason, skipped=up.skipped, upstream_tests=bool(up.upstream_tests or up.launches),
+                         series_id=stack.series_id(series.patch_files(up.patch_dir)))
     stacked = len(up.commits) > 1
     g.keys = {commit.key for commit in up.commits} if stacked else set()
     results = {}
@@ -448,6 +451,19 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
     return g
 
 
+def remove_stale_bodies(doc: dict, pr_dir: Path) -> None:
+    """Remove the PR bodies ``pr_dir/<name>/`` that ``make pr`` made from another series than the one this report
+    judged (their ``.series`` file holds another series id), and bodies of the old one-file layout."""
+    for name, entry in doc["upstreams"].items():
+        stamp = pr_dir / name / ".series"
+        legacy = pr_dir / f"{name}.md"
+        if legacy.exists() or (stamp.exists() and stamp.read_text().strip() != entry["series_id"]):
+            legacy.unlink(missing_ok=True)
+            shutil.rmtree(pr_dir / name, ignore_errors=True)
+            print(f"gate: removed the PR bodies of {name} in {os.path.relpath(pr_dir)}/, made from another series: "
+                  "run `make pr` again", flush=True)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the gate's options (paths default to the kit's own layout)."""
     parser = argparse.ArgumentParser(prog="python -m scripts.gate", description=__doc__.splitlines()[0])
@@ -457,7 +473,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
     parser.add_argument("--suites", type=Path, default=sources.KIT_ROOT / "tests", help="holds tests/<name>/")
-    parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "gate")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="stages run at once (default: the CPU count)")
     parser.add_argument("--timeout", type=float, default=STAGE_TIMEOUT, help="seconds per stage")
@@ -515,6 +531,8 @@ def gate(args: argparse.Namespace) -> int:
     for name, text in (("report.json", json.dumps(doc, indent=2) + "\n"), ("report.md", md)):
         (args.out / f"{name}.new").write_text(text)
         os.replace(args.out / f"{name}.new", args.out / name)  # the last report stays whole until this one is
+    if args.out == DEFAULT_OUT:
+        remove_stale_bodies(doc, DEFAULT_OUT.parent / "pr")
     print(f"\ngate: {doc['verdict'].upper()} in {doc['wall_s']} s; report in {os.path.relpath(args.out)}/report.md")
     for name, entry in doc["upstreams"].items():
         print(f"  {name} {entry['version']} ({entry['check']}): FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])}, "

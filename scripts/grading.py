@@ -163,13 +163,15 @@ class Upstream:
     of a stack's commits. ``check``: ``series`` (the whole series) or ``fix`` (only its fix hunks; a release's
     declaration); ``skipped``: upstream test files not run because their hunks do not apply (``fix`` only).
     ``problems``: violations found outside the tests (a series that does not apply, a module imported from
-    elsewhere). ``stages`` ({stage name: {"commit", "wall_s", "holds", ...}}), ``imports``: recorded as they are.
+    elsewhere). ``series_id``: scripts/stack.series_id of the patches judged. ``stages`` ({stage name: {"commit",
+    "wall_s", "holds", ...}}), ``imports``: recorded as they are.
     """
 
     name: str
     version: str
     base: str
     steps: list = field(default_factory=list)
+    series_id: str = ""
     keys: set = field(default_factory=set)
     upstream_tests: bool = False
     check: str = "series"
@@ -283,7 +285,7 @@ def summary_of(up: Upstream, judged: list, violations: list[str]) -> dict:
     entry adds ``steps``, one per commit ({"commit", "of", "key", "subject", "patch", "stages", "FAIL_TO_PASS",
     "PASS_TO_PASS", "tests", "violations", "verdict"}), its FAIL_TO_PASS every commit's, its PASS_TO_PASS the last
     commit's guards, its ``tests`` the last commit's rows."""
-    entry = {"version": up.version, "base": up.base, "check": up.check, "reason": up.reason,
+    entry = {"version": up.version, "base": up.base, "series_id": up.series_id, "check": up.check, "reason": up.reason,
              "skipped_upstream_tests": up.skipped, "stages": up.stages, "imports": up.imports}
     rows = judged[-1][0] if judged else {}
     if not up.stacked:
@@ -368,7 +370,8 @@ def upstream_markdown(name: str, u: dict) -> list[str]:
     stages = u["stages"]
     names = list(stages) or ["before", "after"]
     md = [f"## {name} {u['version']}", ""]
-    commits = {role: stages.get(s, {}).get("commit", "")[:12] or "-" for role, s in zip(("before", "after"), names)}
+    commits = {role: stages.get(s, {}).get("commit", "")[:12] or "-"
+               for role, s in zip(("before", "after"), names, strict=False)}
     md.append(f"before = `{commits['before']}`: {before.format(base='`' + u['base'][:12] + '`')}; after = "
               f"`{commits['after']}`: {after}. Each stage ran in its own work tree with the tree first on "
               f"`PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests `upstream/{name}/...` (their path in "
@@ -393,7 +396,8 @@ def stack_markdown(name: str, u: dict) -> list[str]:
           "hunks, and *after k* = the base + commits 1..k (`git am`): its FAIL_TO_PASS tests (its declared upstream "
           "tests and the kit's tests marked with its key) fail with an assertion before and pass after; every other "
           "test of both stages (the earlier commits' included) passes in both. Each stage ran in its own work tree "
-          f"with the tree first on `PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests `upstream/{name}/...`.",
+          f"with the tree first on `PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests "
+          f"`upstream/{name}/...`.",
           "", *imports_line(name, u)]
     own = {v for step in u["steps"] for v in step["violations"]}
     outside = [v for v in u["violations"] if v not in own]
@@ -416,12 +420,12 @@ def stack_markdown(name: str, u: dict) -> list[str]:
         carried = [key for key in guards if rows[key].get("carried")]
         guards = [key for key in guards if key not in carried]
         kept = sum(rows[key]["ok"] for key in guards)
-        md += ["", f"Guards kept green (PASS_TO_PASS): {kept} of {len(guards)}, {len(earlier)} of them the FAIL_TO_PASS "
-               f"tests of commits 1..{k - 1}." if k > 1 else
-               f"Guards kept green (PASS_TO_PASS): {kept} of {len(guards)}."]
+        md += ["", f"Guards kept green (PASS_TO_PASS): {kept} of {len(guards)}"
+               + (f", {len(earlier)} of them the FAIL_TO_PASS tests of commits 1..{k - 1}." if k > 1 else ".")]
         if carried:
             md.append(f"Not guards here: {len(carried)} tests that did not pass after commit {k - 1} (its section "
-                      "says why): " + ", ".join(f"`{key}`" for key in carried[:5]) + ("..." if len(carried) > 5 else ""))
+                      "says why): " + ", ".join(f"`{key}`" for key in carried[:5])
+                      + ("..." if len(carried) > 5 else ""))
         if step["violations"]:
             md += violation_lines(step["violations"], rows, label)
         md += tests_table(rows, f"commit {k}")

@@ -13,6 +13,7 @@ test hunks only add files: after k's results are then that stage's without the f
 Everything here is pure (patch text and tables in, plans out), apart from reading the patch files.
 """
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +78,16 @@ def slug(patch: Path) -> str:
 def fixes(patch: Path) -> list[str]:
     """The issue numbers of the patch's ``Fixes #N`` lines."""
     return re.findall(r"^Fixes #(\d+)", patch.read_text(errors="replace"), re.M)
+
+
+def series_id(patches: list[Path]) -> str:
+    """A short id of what a series changes: sha256 of its patches' diffs (from the first ``diff --git``), so that
+    re-signing or rewording a commit keeps it and any change to the code or tests makes another one; 12 hex digits."""
+    digest = hashlib.sha256()
+    for patch in patches:
+        text = patch.read_text(errors="replace")
+        digest.update(text[text.find("\ndiff --git "):].rsplit("\n-- \n", 1)[0].encode())
+    return digest.hexdigest()[:12]
 
 
 def changed_files(patch: Path, scope: tuple[str, ...] = ("",)) -> list[str]:

@@ -140,7 +140,8 @@ def test_a_commit_whose_test_hunks_do_not_apply_on_the_commits_before_it_is_refu
     second = sorted(kit.patches.glob("*.patch"))[1]
     second.write_text(second.read_text().replace(
         "diff --git a/tests/test_more.py",
-        "diff --git a/tests/test_fixed.py b/tests/test_fixed.py\n--- a/tests/test_fixed.py\n+++ b/tests/test_fixed.py\n"
+        "diff --git a/tests/test_fixed.py b/tests/test_fixed.py\n--- a/tests/test_fixed.py\n"
+        "+++ b/tests/test_fixed.py\n"
         "@@ -5 +5,2 @@\n-    assert tiny.THIRD\n+    assert tiny.THIRD\n+    assert tiny.MORE\n"
         "diff --git a/tests/test_more.py", 1))
     code, report, out, err = run(kit, capsys)
