@@ -424,9 +424,9 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
     g.keys = {commit.key for commit in up.commits} if stacked else set()
     results = {}
     for stage, name in zip(up.stages, up.names, strict=True):
-        g.stages[name] = {"commit": up.heads.get(name, ""), "holds": holds(up, stage)}
         if name not in done:
             continue
+        g.stages[name] = {"commit": up.heads.get(name, ""), "holds": holds(up, stage)}
         mine = {k: r for k, r in done[name]["results"].items() if k.startswith((kit_prefix, upstream_prefix))}
         results[name] = mine
         g.imports[name] = check_imports(up, name, done[name]["records"])
