@@ -457,9 +457,11 @@ def remove_stale_bodies(doc: dict, pr_dir: Path) -> None:
     for name, entry in doc["upstreams"].items():
         stamp = pr_dir / name / ".series"
         legacy = pr_dir / f"{name}.md"
-        if legacy.exists() or (stamp.exists() and stamp.read_text().strip() != entry["series_id"]):
+        stale = stamp.exists() and stamp.read_text().strip() != entry["series_id"]
+        if legacy.exists() or stale:  # a body of the one-file layout names no series: it is stale
             legacy.unlink(missing_ok=True)
-            shutil.rmtree(pr_dir / name, ignore_errors=True)
+            if stale:
+                shutil.rmtree(pr_dir / name, ignore_errors=True)
             print(f"gate: removed the PR bodies of {name} in {os.path.relpath(pr_dir)}/, made from another series: "
                   "run `make pr` again", flush=True)
 

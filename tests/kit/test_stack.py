@@ -174,3 +174,16 @@ def test_after_k_has_a_stage_of_its_own_when_commit_k_plus_1_changes_an_existing
     stages, steps = stack.plan(patches, ("tests/",))
     assert stages == [stack.Stage(0, 1), stack.Stage(1), stack.Stage(1, 2), stack.Stage(2, 3), stack.Stage(3)]
     assert [(s.before, s.after, s.hidden) for s in steps] == [(0, 1, []), (2, 3, ["tests/b.py"]), (3, 4, [])]
+
+
+def test_a_gate_of_another_series_removes_the_pr_bodies_made_from_the_last_one(tmp_path, capsys):
+    doc = {"upstreams": {"tiny": {"series_id": "new"}, "other": {"series_id": "same"}}}
+    for name, made_from in (("tiny", "old"), ("other", "same")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "1-fix.md").write_text("body")
+        (tmp_path / name / ".series").write_text(made_from + "\n")
+    (tmp_path / "other.md").write_text("a body of the one-file layout")
+    gate.remove_stale_bodies(doc, tmp_path)
+    assert not (tmp_path / "tiny").exists() and not (tmp_path / "other.md").exists()
+    assert "removed the PR bodies of tiny" in capsys.readouterr().out
+    assert (tmp_path / "other" / "1-fix.md").exists()  # made from this series: kept
