@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from scripts import gate, stack, worktree
+from scripts import gate, matrix, stack, worktree
 from tests.kit.test_gate import commit
 
 KIT_SUITE = '''import pytest
@@ -187,3 +187,21 @@ def test_a_gate_of_another_series_removes_the_pr_bodies_made_from_the_last_one(t
     assert not (tmp_path / "tiny").exists() and not (tmp_path / "other.md").exists()
     assert "removed the PR bodies of tiny" in capsys.readouterr().out
     assert (tmp_path / "other" / "1-fix.md").exists()  # made from this series: kept
+
+
+def test_the_matrix_gates_a_stack_commit_by_commit_and_records_its_series(kit, capsys):
+    make_stack(kit, second_fix=False)
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() + TABLE)
+    (kit.root / "suites" / "tiny").mkdir(parents=True)
+    (kit.root / "suites" / "tiny" / "test_tiny_kit.py").write_text(KIT_SUITE)
+    capsys.readouterr()
+    code = matrix.main([f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
+                        f"--patches={kit.root / 'patches'}", f"--suites={kit.root / 'suites'}",
+                        f"--cache={kit.cache}", f"--out={kit.root / 'matrix'}", "--jobs=1",
+                        f"--pip-options=--no-index --find-links {kit.index} --no-build-isolation"])
+    out = capsys.readouterr().out
+    report = json.loads((kit.root / "matrix" / "report.json").read_text())
+    [row] = report["rows"]
+    assert code == 1 and row["gate"] == "fail" and row["FAIL_TO_PASS"] == 6, out
+    assert any(note.startswith("tiny 2/3 ") for note in row["notes"]), row["notes"]
+    assert report["series"] == {"tiny": stack.series_id(sorted(kit.patches.glob("*.patch")))} and report["date"]
