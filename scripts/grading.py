@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import KitError
+from scripts import KitError, plural
 
 STAGES = ("before", "after")
 # Exceptions that re-raise a child process's failure with its traceback in the message: torch.multiprocessing's,
@@ -204,6 +204,13 @@ def excerpt(key: str, b: Result | None, a: Result | None, problems: list[str]) -
     return "\n".join(parts) + "\n"
 
 
+def unexplained(entry: dict) -> list[str]:
+    """The FAIL_TO_PASS tests of a report entry whose failure before gives no message of the test's own, only
+    pytest's rendering of a bare ``assert`` (``{'a': 0} == {'a': 0}``): they should say what went wrong."""
+    tables = [step["tests"] for step in entry.get("steps", [])] or [entry["tests"]]
+    return list(dict.fromkeys(key for table in tables for key, r in table.items() if r.get("bare")))
+
+
 def key_of(result: Result) -> str:
     """The key of a result's ``regression`` property (``deepspeed#8787`` -> ``8787``; '' when unmarked)."""
     return result.regression.partition("#")[2]
@@ -240,6 +247,8 @@ def judge_step(up: Upstream, step: Step, excerpts: dict[str, str], broken: set =
             continue
         if contract == "FAIL_TO_PASS" and b and b.outcome == "failed":
             row["reason"] = reason(b)
+            if first_line(b).startswith("assert "):
+                row["bare"] = True
         if problems:
             row["excerpt"] = f"excerpts/{stem}{sum(p.startswith(f'excerpts/{stem}') for p in excerpts) + 1}.txt"
             excerpts[row["excerpt"]] = excerpt(key, b, a, problems)
@@ -361,6 +370,14 @@ def imports_line(name: str, u: dict) -> list[str]:
             else "**also from outside it**: " + ", ".join(f"`{m}`" for m in outside[:5]))]
 
 
+def unexplained_line(u: dict) -> list[str]:
+    """A note naming the FAIL_TO_PASS tests whose failure before is a bare ``assert`` (unexplained)."""
+    found = unexplained(u)
+    return [f"{plural(len(found), 'FAIL_TO_PASS test')} {'fails' if len(found) == 1 else 'fail'} before with a bare "
+            "`assert` (pytest's rendering of the values, no sentence of the test's own saying what went wrong): " + ", ".join(f"`{k}`" for k in found)
+            ] if found else []
+
+
 def upstream_markdown(name: str, u: dict) -> list[str]:
     """The section of one upstream: stages, imports, violations, then every test collapsed (a stack: a section
     per commit after the upstream's own lines)."""
@@ -381,7 +398,7 @@ def upstream_markdown(name: str, u: dict) -> list[str]:
         if u["skipped_upstream_tests"]:
             md.append("Upstream test files skipped (their hunks do not apply): "
                       + ", ".join(f"`{path}`" for path in u["skipped_upstream_tests"]) + ".")
-    md += ["", *imports_line(name, u)]
+    md += ["", *imports_line(name, u), *unexplained_line(u)]
     if u["violations"]:
         md += violation_lines(u["violations"], u["tests"], name)
     return md + tests_table(u["tests"], "the series")
@@ -398,7 +415,7 @@ def stack_markdown(name: str, u: dict) -> list[str]:
           "test of both stages (the earlier commits' included) passes in both. Each stage ran in its own work tree "
           f"with the tree first on `PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests "
           f"`upstream/{name}/...`.",
-          "", *imports_line(name, u)]
+          "", *imports_line(name, u), *unexplained_line(u)]
     own = {v for step in u["steps"] for v in step["violations"]}
     outside = [v for v in u["violations"] if v not in own]
     if outside:
