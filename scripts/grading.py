@@ -373,9 +373,11 @@ def imports_line(name: str, u: dict) -> list[str]:
 def unexplained_line(u: dict) -> list[str]:
     """A note naming the FAIL_TO_PASS tests whose failure before is a bare ``assert`` (unexplained)."""
     found = unexplained(u)
+    if not found:
+        return []
     return [f"{plural(len(found), 'FAIL_TO_PASS test')} {'fails' if len(found) == 1 else 'fail'} before with a bare "
-            "`assert` (pytest's rendering of the values, no sentence of the test's own saying what went wrong): " + ", ".join(f"`{k}`" for k in found)
-            ] if found else []
+            "`assert` (pytest's rendering of the values, no sentence of the test's own saying what went wrong): "
+            + ", ".join(f"`{k}`" for k in found)]
 
 
 def upstream_markdown(name: str, u: dict) -> list[str]:
