@@ -11,6 +11,13 @@ one-line ``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.to
 series' test files whose hunks apply there, after = that + the series' other hunks, and the upstream test files
 whose hunks do not apply are skipped and listed (issue 13).
 
+A series of several commits (``[[<name>.gate.commits]]``, scripts/stack.py) is judged commit by commit: commit k on
+*before k* = the base + commits 1..k-1 + only its test hunks and *after k* = the base + commits 1..k; the stages are
+planned by scripts/stack.plan (after k shared with before k+1 when commit k+1 only adds test files) and named
+``stage-0``, ``stage-1``, ... (every upstream's i-th stage runs in the i-th pytest process). A stack whose tables do
+not match its patches, or whose commit's test hunks do not apply to the commits before it, is refused in one line
+before anything is written.
+
 A stage is one pytest process (``sys.executable``, so another venv can run the gate) over every upstream's kit
 suite ``tests/<name>/``, its ``upstream_tests`` and its ``launch`` scripts (scripts/pytest_launch.py), with the
 stage's trees first on ``PYTHONPATH``, its own temporary directories and JUnit XML; the stages run side by side, at

@@ -8,7 +8,9 @@ Contract (README, "The gate and its report"): a FAIL_TO_PASS test fails with an 
 after; every other test (PASS_TO_PASS) passes in both stages. An error, a skip (xfail included), or a test seen in
 one stage only is a violation. FAIL_TO_PASS tests are the kit's tests marked ``regression`` (the JUnit property
 that scripts/pytest_regression.py writes) and the upstream node ids declared as ``fail_to_pass`` in
-``[<name>.gate]`` of upstream/sources.toml.
+``[<name>.gate]`` of upstream/sources.toml. A stack of several commits is judged per commit (``Step``): commit k's
+FAIL_TO_PASS tests are its declared ids and the kit's tests marked with its key; the kit's tests of later commits
+are not judged at step k; a test that did not pass after k-1 is no guard of step k.
 """
 
 import re
