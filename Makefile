@@ -140,7 +140,7 @@ matrix: need-venv ## every pinned release gated as it declares, x torchdata / nu
 lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
 	@$(LOCK) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
 
-pr: ## the pull-request bodies build/pr/<name>.md: docs/pr/<name>.md + the gate's table + the commands
+pr: ## the pull-request bodies build/pr/<name>/<n>-<slug>.md, one per commit: docs/pr/<name>/<n>.md + its gate table + the commands
 	@$(LOCK) $(PYTHON) -m scripts.pr
 
 clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)

@@ -11,6 +11,13 @@ one-line ``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.to
 series' test files whose hunks apply there, after = that + the series' other hunks, and the upstream test files
 whose hunks do not apply are skipped and listed (issue 13).
 
+A series of several commits (``[[<name>.gate.commits]]``, scripts/stack.py) is judged commit by commit: commit k on
+*before k* = the base + commits 1..k-1 + only its test hunks and *after k* = the base + commits 1..k; the stages are
+planned by scripts/stack.plan (after k shared with before k+1 when commit k+1 only adds test files) and named
+``stage-0``, ``stage-1``, ... (every upstream's i-th stage runs in the i-th pytest process). A stack whose tables do
+not match its patches, or whose commit's test hunks do not apply to the commits before it, is refused in one line
+before anything is written.
+
 A stage is one pytest process (``sys.executable``, so another venv can run the gate) over every upstream's kit
 suite ``tests/<name>/``, its ``upstream_tests`` and its ``launch`` scripts (scripts/pytest_launch.py), with the
 stage's trees first on ``PYTHONPATH``, its own temporary directories and JUnit XML; the stages run side by side, at
@@ -30,40 +37,50 @@ import platform
 import re
 import shutil
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, grading, launch, runlock, series, sources, worktree
+from scripts import KitError, grading, launch, runlock, series, sources, stack, worktree
 from scripts.checkout import BASE_ENV
 from scripts.git import git, rev
-from scripts.grading import STAGES
 
 STAGE_TIMEOUT = 1800.0  # seconds of one stage's pytest process
 LAUNCH_TIMEOUT = 300.0  # seconds of one launched upstream script
 CHECKS = ("series", "fix")
 ENVIRONMENT = ("torch", "torchdata", "numpy")  # versions recorded beside Python's
+DEFAULT_OUT = sources.KIT_ROOT / "build" / "gate"  # where make gate reports; make pr writes beside it (build/pr/)
 
 
 @dataclass
 class Upstream:
-    """One upstream to gate: pin, checkout, series, its ``[<name>.gate]`` table and the release's declared check;
-    then what preparing its stages found (trees, skipped files, problems)."""
+    """One upstream to gate: pin, checkout, series, its ``[<name>.gate]`` table (its commits, scripts/stack.py) and
+    the release's declared check; the stage plan; then what preparing its stages found (trees by stage name, the
+    commit of each tree, skipped files, problems)."""
 
     pin: sources.Pin
     repo: Path
     patch_dir: Path
     upstream_tests: list[str]
-    fail_to_pass: list[str]
     launches: list[dict]
+    commits: list
     check: str = "series"
     reason: str = ""
+    stages: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    names: list = field(default_factory=list)
     trees: dict = field(default_factory=dict)
-    commits: dict = field(default_factory=dict)
+    heads: dict = field(default_factory=dict)
     skipped: list = field(default_factory=list)
     problems: list = field(default_factory=list)
+
+    @property
+    def fail_to_pass(self) -> list[str]:
+        """Every declared upstream FAIL_TO_PASS id, any commit."""
+        return [key for commit in self.commits for key in commit.fail_to_pass]
 
     @property
     def package(self) -> str:
@@ -97,10 +114,65 @@ def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
         check = release.get("check", "series")
         if check not in CHECKS:
             raise KitError(f"[{name}.releases.\"{pin.version}\"] check = {check!r}: use one of {', '.join(CHECKS)}")
-        ups.append(Upstream(pin, repo, args.patches / name, list(gate.get("upstream_tests", [])),
-                            list(gate.get("fail_to_pass", [])), list(gate.get("launch", [])), check,
-                            release.get("reason", "")))
+        launches = list(gate.get("launch", []))
+        scope = (*pin.test_paths, *(entry["script"] for entry in launches))
+        patches = series.patch_files(args.patches / name)
+        commits = stack.commits(name, gate, patches, scope) if patches else []
+        if check == "fix" and len(commits) > 1:
+            raise KitError(f"[{name}.releases.\"{pin.version}\"] check = \"fix\" is for a series of one commit; "
+                           f"{name}'s has {len(commits)}")
+        up = Upstream(pin, repo, args.patches / name, list(gate.get("upstream_tests", [])), launches, commits, check,
+                      release.get("reason", ""))
+        if commits:
+            up.stages, up.steps = stack.plan(commits, scope)
+        else:
+            up.stages, up.steps = [stack.Stage(0, 1), stack.Stage(1)], [stack.Step(1, 0, 1)]
+        ups.append(up)
+    name_stages(ups)
+    for up in ups:
+        refuse_unstacked_tests(up)
     return ups
+
+
+def name_stages(ups: list[Upstream]) -> None:
+    """Give the i-th stage of every upstream the same name (they run in one pytest process): ``before`` and
+    ``after`` when every series is one step, as always, else ``stage-0``, ``stage-1``, ..."""
+    count = max(len(up.stages) for up in ups) if ups else 0
+    names = ["before", "after"] if count == 2 else [f"stage-{i}" for i in range(count)]
+    for up in ups:
+        up.names = names[:len(up.stages)]
+
+
+def refuse_unstacked_tests(up: Upstream) -> None:
+    """Raise KitError when a commit's test hunks do not apply to the base + the commits before it (a stack's
+    before stages need them so); checked in a temporary index before anything is written."""
+    if len(up.commits) < 2:
+        return
+    base = rev(up.repo, f"base/{up.pin.version}")
+    for commit in up.commits:
+        tests = test_files(commit.patches, up.test_scope())
+        earlier = [p for c in up.commits[:commit.number - 1] for p in c.patches]
+        failed = tests and hunks_fail(up.repo, base, earlier, commit.patches, [f"--include={t}" for t in tests])
+        if failed:
+            raise KitError(f"patches/{up.pin.name}/{commit.patches[0].name}: its test hunks do not apply to the base "
+                           f"+ the commits before it ({failed}): move them to the commit that makes their context")
+
+
+def hunks_fail(repo: Path, base: str, earlier: list[Path], patches: list[Path], options: list[str]) -> str:
+    """Apply ``earlier`` whole (``--3way``, as ``git am --3way``) and then ``patches`` with ``options`` to ``base``
+    in a temporary index (the checkout is not touched); git's first error line for ``patches``, '' when they apply or
+    when ``earlier`` does not (the series itself does not apply: prepare reports where)."""
+    with tempfile.TemporaryDirectory(prefix="kit-index-") as tmp:
+        env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git(repo, "read-tree", base, env=env)
+        for patch in earlier:
+            if git(repo, "apply", "--cached", "--3way", str(patch), env=env, check=False).returncode != 0:
+                return ""
+        for patch in patches:
+            result = git(repo, "apply", "--cached", *options, str(patch), env=env, check=False)
+            if result.returncode != 0 and "No valid patches in input" not in result.stderr:
+                return (result.stderr.strip().splitlines() or ["does not apply"])[0]
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -138,15 +210,15 @@ def test_files(patches: list[Path], scope: tuple[str, ...]) -> list[str]:
 
 
 def prepare(up: Upstream, root: Path) -> None:
-    """Make the before and after trees of ``up`` under ``root/<stage>/<name>``; record commits, skipped test files
-    and problems (a series or fix that does not apply) in ``up``. Raises KitError when git fails otherwise."""
+    """Make the trees of ``up``'s stages under ``root/<stage>/<name>``; record their commits, skipped test files and
+    problems (a series or fix that does not apply) in ``up``. Raises KitError when git fails otherwise."""
     base = rev(up.repo, f"base/{up.pin.version}")
-    patches = series.patch_files(up.patch_dir)
-    tests = test_files(patches, up.test_scope())
-    for stage in STAGES:
-        up.trees[stage] = worktree.add(up.repo, root / stage / up.pin.name, base)
-    before, after = up.trees["before"], up.trees["after"]
-    if up.check == "fix":
+    for name in up.names:
+        up.trees[name] = worktree.add(up.repo, root / name / up.pin.name, base)
+    if up.check == "fix":  # a series of one commit (load_upstreams): its before and after
+        patches = series.patch_files(up.patch_dir)
+        tests = test_files(patches, up.test_scope())
+        before, after = (up.trees[name] for name in up.names)
         applying = [name for name in tests
                     if series.first_failing(up.repo, base, patches, f"--include={name}") is None]
         up.skipped = [name for name in tests if name not in applying]
@@ -158,15 +230,23 @@ def prepare(up: Upstream, root: Path) -> None:
             up.problems.append(f"{up.pin.name}: the series' fix hunks do not apply to {up.pin.version}: {failed}")
         commit_all(after, "gate: the series' fix hunks and the test files that apply")
     else:
-        failed = apply_hunks(before, patches, [f"--include={name}" for name in tests]) if tests else ""
-        if failed:
-            up.problems.append(f"{up.pin.name}: the series' test hunks do not apply to {up.pin.version}: {failed}")
-        commit_all(before, "gate: the test hunks of the series")
-        failed = worktree.apply_series(after, patches)
-        if failed:
-            up.problems.append(f"{up.pin.name}: the series does not apply to {up.pin.version} ({failed}); a "
-                               "release can declare check = \"fix\" in upstream/sources.toml")
-    up.commits = {stage: rev(up.trees[stage]) for stage in STAGES}
+        for stage, name in zip(up.stages, up.names, strict=True):
+            tree = up.trees[name]
+            failed = worktree.apply_series(tree, [p for c in up.commits[:stage.applied] for p in c.patches])
+            problem = (f"{up.pin.name}: the series does not apply to {up.pin.version} ({failed}); a release can "
+                       "declare check = \"fix\" in upstream/sources.toml")
+            if failed and problem not in up.problems:
+                up.problems.append(problem)
+            if stage.tests_of and up.commits:
+                commit = up.commits[stage.tests_of - 1]
+                tests = test_files(commit.patches, up.test_scope())
+                failed = apply_hunks(tree, commit.patches, [f"--include={name}" for name in tests]) if tests else ""
+                if failed:
+                    up.problems.append(f"{up.pin.name}: the series' test hunks do not apply to {up.pin.version}: "
+                                       f"{failed}")
+                commit_all(tree, "gate: the test hunks of the series" if len(up.commits) == 1 else
+                           f"gate: the test hunks of commit {commit.number}")
+    up.heads = {name: rev(up.trees[name]) for name in up.names}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,15 +266,17 @@ def stage_env(ups: list[Upstream], stage: str, stage_dir: Path) -> dict:
 
 
 def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, suites: Path) -> list[str]:
-    """The pytest command line of one stage: every upstream's kit suite, upstream tests and launched scripts."""
+    """The pytest command line of one stage: every upstream's kit suite, upstream tests and launched scripts (those
+    in the stage's tree: a stack's later commits add some)."""
     paths, launches = [], []
     for up in ups:
         paths.append(str(suites / up.pin.name))
         tree = up.trees[stage]
-        paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped]
+        paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
         launches += ["--launch=" + json.dumps({**entry, "script": str(tree / entry["script"]),
                                                "nproc": entry.get("nproc", 2)})
-                     for entry in up.launches if entry["script"] not in up.skipped]
+                     for entry in up.launches
+                     if entry["script"] not in up.skipped and (tree / entry["script"]).exists()]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
@@ -261,29 +343,36 @@ def collect_stacks(stage_dir: Path, out: Path) -> list[str]:
     return found
 
 
+def stage_names(ups: list[Upstream]) -> list[str]:
+    """The names of the stages to run, in order: every upstream's i-th stage runs in the i-th (name_stages)."""
+    return max((up.names for up in ups), key=len, default=[])
+
+
 def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]:
-    """Run both stages side by side (at most ``args.jobs`` at once); return {stage: {"launch", "results",
-    "records"}} with the JUnit results renamed for the report. A stage that times out is killed after its stacks are
-    written to its log, and recorded as a problem of every upstream. Raises KitError when a stage that ended wrote no
-    JUnit XML."""
+    """Run the stages side by side (at most ``args.jobs`` at once), each over the upstreams that have it; return
+    {stage: {"launch", "results", "records"}} with the JUnit results renamed for the report. A stage that times out
+    is killed after its stacks are written to its log, and recorded as a problem of its upstreams. Raises KitError
+    when a stage that ended wrote no JUnit XML."""
     root = args.suites.resolve().parent
-    jobs = []
-    for stage in STAGES:
+    jobs, stages = [], stage_names(ups)
+    for stage in stages:
         stage_dir = (args.out / stage).resolve()
         (stage_dir / "tmp").mkdir(parents=True)
         (stage_dir / "imports").mkdir()
-        command = stage_command(ups, stage, stage_dir, root, args.suites.resolve())
+        mine = [up for up in ups if stage in up.trees]
+        command = stage_command(mine, stage, stage_dir, root, args.suites.resolve())
         jobs.append(launch.Job(command, stage_dir / "pytest.log", args.timeout, cwd=sources.KIT_ROOT,
-                               env=stage_env(ups, stage, stage_dir)))
+                               env=stage_env(mine, stage, stage_dir)))
     done = {}
-    for stage, job, result in zip(STAGES, jobs, launch.run_all(jobs, args.jobs), strict=True):
+    for stage, job, result in zip(stages, jobs, launch.run_all(jobs, args.jobs), strict=True):
         stage_dir, results = job.log.parent, {}
+        mine = [up for up in ups if stage in up.trees]
         if result.timed_out:  # every test of the stage is then missing: violations, and the report says why
-            for up in ups:
+            for up in mine:
                 up.problems.append(f"{up.pin.name}: the {stage} stage timed out after {args.timeout:.0f} s and was "
                                    f"killed; the stacks of its processes are in stacks/{stage}-pytest.log")
         else:
-            results = grading.read_junit(stage_dir / "junit.xml", renamer(ups, stage, root))
+            results = grading.read_junit(stage_dir / "junit.xml", renamer(mine, stage, root))
         done[stage] = {"launch": result, "results": results, "records": read_records(stage_dir / "imports")}
         outcomes = Counter(r.outcome for r in results.values())
         print(f"gate {stage}: {', '.join(f'{n} {o}' for o, n in sorted(outcomes.items())) or 'no tests'} in "
@@ -320,26 +409,68 @@ def seconds(results) -> float:
     return round(sum(r.seconds for r in results), 1)
 
 
+def holds(up: Upstream, stage: stack.Stage) -> str:
+    """What a stage tree of ``up`` holds, in the report's words."""
+    if up.check == "fix":
+        return "the base + the series' test files that apply" + (" + its fix hunks" if stage.applied else "")
+    if len(up.commits) <= 1:
+        return "the base + the series" if stage.applied else "the base + only the series' test hunks"
+    text = f"the base + commits 1..{stage.applied}" if stage.applied else "the base"
+    return text + (f" + the test hunks of commit {stage.tests_of}" if stage.tests_of else "")
+
+
 def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstream:
-    """The grading record of ``up``: its results of both stages, declared ids, imports, times."""
+    """The grading record of ``up``: each step's results of its before and after stages, declared ids, imports,
+    times."""
     kit_prefix = f"{os.path.relpath(suites / up.pin.name, root)}/"
-    prefixes = (kit_prefix, f"upstream/{up.pin.name}/")
+    upstream_prefix = f"upstream/{up.pin.name}/"
     g = grading.Upstream(up.pin.name, up.pin.version, rev(up.repo, f"base/{up.pin.version}"), check=up.check,
-                         reason=up.reason, skipped=up.skipped, upstream_tests=bool(up.upstream_tests or up.launches))
-    skipped = tuple(up.skipped)
-    g.fail_to_pass = {f"upstream/{up.pin.name}/{key}" for key in up.fail_to_pass if not key.startswith(skipped)}
-    for stage in STAGES:
-        if stage not in done:
+                         reason=up.reason, skipped=up.skipped, upstream_tests=bool(up.upstream_tests or up.launches),
+                         series_id=stack.series_id(series.patch_files(up.patch_dir)))
+    stacked = len(up.commits) > 1
+    g.keys = {commit.key for commit in up.commits} if stacked else set()
+    results = {}
+    for stage, name in zip(up.stages, up.names, strict=True):
+        if name not in done:
             continue
-        mine = {k: r for k, r in done[stage]["results"].items() if k.startswith(prefixes)}
-        setattr(g, stage, mine)
-        g.imports[stage] = check_imports(up, stage, done[stage]["records"])
-        g.stages[stage] = {"commit": up.commits.get(stage, ""), "wall_s": done[stage]["launch"].seconds,
+        g.stages[name] = {"commit": up.heads.get(name, ""), "holds": holds(up, stage)}
+        mine = {k: r for k, r in done[name]["results"].items() if k.startswith((kit_prefix, upstream_prefix))}
+        results[name] = mine
+        g.imports[name] = check_imports(up, name, done[name]["records"])
+        g.stages[name] |= {"wall_s": done[name]["launch"].seconds,
                            "kit_tests_s": seconds(r for k, r in mine.items() if k.startswith(kit_prefix)),
                            "upstream_tests_s": seconds(r for k, r in mine.items() if not k.startswith(kit_prefix)),
-                           "log": f"{stage}/pytest.log"}
+                           "log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
+    skipped = tuple(up.skipped)
+    commits = up.commits or [stack.Commit(1, 1, [], "", [], "no patches")]
+    for plan, commit in zip(up.steps, commits, strict=True):
+        before, after = up.names[plan.before], up.names[plan.after]
+        hidden = tuple(f"{upstream_prefix}{path}" for path in plan.hidden)
+        g.steps.append(grading.Step(
+            commit.number, commit.of, commit.key if stacked else "",
+            {c.key for c in commits[commit.number:]} if stacked else set(), commit.subject,
+            ", ".join(p.name for p in commit.patches), results.get(before, {}),
+            {k: r for k, r in results.get(after, {}).items() if not k.startswith(hidden)} if hidden else
+            results.get(after, {}),
+            {f"{upstream_prefix}{key}" for key in commit.fail_to_pass if not key.startswith(skipped)},
+            {"before": before, "after": after}))
     g.problems = up.problems
     return g
+
+
+def remove_stale_bodies(doc: dict, pr_dir: Path) -> None:
+    """Remove the PR bodies ``pr_dir/<name>/`` that ``make pr`` made from another series than the one this report
+    judged (their ``.series`` file holds another series id), and bodies of the old one-file layout."""
+    for name, entry in doc["upstreams"].items():
+        stamp = pr_dir / name / ".series"
+        legacy = pr_dir / f"{name}.md"
+        stale = stamp.exists() and stamp.read_text().strip() != entry["series_id"]
+        if legacy.exists() or stale:  # a body of the one-file layout names no series: it is stale
+            legacy.unlink(missing_ok=True)
+            if stale:
+                shutil.rmtree(pr_dir / name, ignore_errors=True)
+            print(f"gate: removed the PR bodies of {name} in {os.path.relpath(pr_dir)}/, made from another series: "
+                  "run `make pr` again", flush=True)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -351,7 +482,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
     parser.add_argument("--suites", type=Path, default=sources.KIT_ROOT / "tests", help="holds tests/<name>/")
-    parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "gate")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="stages run at once (default: the CPU count)")
     parser.add_argument("--timeout", type=float, default=STAGE_TIMEOUT, help="seconds per stage")
@@ -365,21 +496,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def clean(ups: list[Upstream], out: Path) -> None:
-    """Remove what a previous run left in ``out`` (work trees of a killed run included), the report first; kill the
-    processes a killed run left running (those whose stage environment points into ``out``)."""
+    """Remove what a previous run left in ``out`` (work trees of a killed run included) but its report, which stays
+    until the new one replaces it; kill the processes a killed run left running (those whose stage environment
+    points into ``out``)."""
     killed = launch.kill_by_environment("KIT_IMPORT_RECORD", f"{out}{os.sep}")
     if killed:
         print(f"gate: killed {len(killed)} processes a previous run left running", flush=True)
-    for name in ("report.json", "report.md"):
-        (out / name).unlink(missing_ok=True)
     for up in ups:
         worktree.clean(up.repo, out / "trees")
-    for name in ("trees", *STAGES, "excerpts", "stacks"):
+    stages = [p.name for p in out.glob("stage-*")] + ["before", "after"]
+    for name in ("trees", *stages, "excerpts", "stacks"):
         shutil.rmtree(out / name, ignore_errors=True)
 
 
 def gate(args: argparse.Namespace) -> int:
-    """Prepare, run both stages, judge, report; return the exit status."""
+    """Prepare, run the stages, judge, report; return the exit status."""
     started = time.monotonic()
     ups = load_upstreams(args)
     clean(ups, args.out)
@@ -389,7 +520,8 @@ def gate(args: argparse.Namespace) -> int:
         runnable = [up for up in ups if not up.problems]
         done = run_stages(runnable, args) if runnable else {}
         root = args.suites.resolve().parent
-        stacks = [path for stage in STAGES if stage in done for path in collect_stacks(args.out / stage, args.out)]
+        stacks = [path for stage in stage_names(ups) if stage in done
+                  for path in collect_stacks(args.out / stage, args.out)]
     finally:
         if not args.keep_trees:
             for up in ups:
@@ -400,17 +532,23 @@ def gate(args: argparse.Namespace) -> int:
     meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
             "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks}
     doc, md, excerpts = grading.report(ups_graded, meta)
-    for stage in STAGES:
+    for stage in stage_names(ups):
         shutil.rmtree(args.out / stage / "tmp", ignore_errors=True)
     for path, text in excerpts.items():
         (args.out / path).parent.mkdir(parents=True, exist_ok=True)
         (args.out / path).write_text(text)
-    (args.out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (args.out / "report.md").write_text(md)
+    for name, text in (("report.json", json.dumps(doc, indent=2) + "\n"), ("report.md", md)):
+        (args.out / f"{name}.new").write_text(text)
+        os.replace(args.out / f"{name}.new", args.out / name)  # the last report stays whole until this one is
+    if args.out == DEFAULT_OUT:
+        remove_stale_bodies(doc, DEFAULT_OUT.parent / "pr")
     print(f"\ngate: {doc['verdict'].upper()} in {doc['wall_s']} s; report in {os.path.relpath(args.out)}/report.md")
     for name, entry in doc["upstreams"].items():
         print(f"  {name} {entry['version']} ({entry['check']}): FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])}, "
               f"PASS_TO_PASS {len(entry['PASS_TO_PASS'])}, violations {len(entry['violations'])}")
+        for step in entry.get("steps", []):
+            print(f"    {step['commit']}/{step['of']} {step['subject']}: FAIL_TO_PASS {len(step['FAIL_TO_PASS'])}, "
+                  f"PASS_TO_PASS {len(step['PASS_TO_PASS'])}, violations {len(step['violations'])}")
         for violation in entry["violations"]:
             print(f"  violation: {violation}")
     return 0 if doc["verdict"] == "pass" else 1

@@ -8,7 +8,9 @@ Contract (README, "The gate and its report"): a FAIL_TO_PASS test fails with an 
 after; every other test (PASS_TO_PASS) passes in both stages. An error, a skip (xfail included), or a test seen in
 one stage only is a violation. FAIL_TO_PASS tests are the kit's tests marked ``regression`` (the JUnit property
 that scripts/pytest_regression.py writes) and the upstream node ids declared as ``fail_to_pass`` in
-``[<name>.gate]`` of upstream/sources.toml.
+``[<name>.gate]`` of upstream/sources.toml. A stack of several commits is judged per commit (``Step``): commit k's
+FAIL_TO_PASS tests are its declared ids and the kit's tests marked with its key; the kit's tests of later commits
+are not judged at step k; a test that did not pass after k-1 is no guard of step k.
 """
 
 import re
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import KitError
+from scripts import KitError, plural
 
 STAGES = ("before", "after")
 # Exceptions that re-raise a child process's failure with its traceback in the message: torch.multiprocessing's,
@@ -103,8 +105,9 @@ def reason(result: Result | None) -> str:
     return re.sub(r"^(AssertionError: )?(assert )?", "", line).strip()
 
 
-def problems_of(contract: str, b: Result | None, a: Result | None) -> list[str]:
-    """Return the contract violations of one test given its before (``b``) and after (``a``) results."""
+def problems_of(contract: str, b: Result | None, a: Result | None, change: str = "the series") -> list[str]:
+    """Return the contract violations of one test given its before (``b``) and after (``a``) results of
+    ``change`` (the series, or one commit of a stack)."""
     problems = []
     for stage, result in (("before", b), ("after", a)):
         if result is None:
@@ -115,11 +118,11 @@ def problems_of(contract: str, b: Result | None, a: Result | None) -> list[str]:
         return problems
     if contract == "FAIL_TO_PASS":
         if b.outcome == "passed":
-            problems.append("FAIL_TO_PASS test passed before the series (it does not reproduce the bug)")
+            problems.append(f"FAIL_TO_PASS test passed before {change} (it does not reproduce the bug)")
         elif not is_assertion(b.message):
             problems.append(f"FAIL_TO_PASS test failed before without an assertion: {first_line(b)}")
         if a.outcome != "passed":
-            problems.append(f"FAIL_TO_PASS test failed after the series (the fix does not fix it): {first_line(a)}")
+            problems.append(f"FAIL_TO_PASS test failed after {change} (the fix does not fix it): {first_line(a)}")
     else:
         problems += [f"PASS_TO_PASS test failed {stage}: {first_line(r)}"
                      for stage, r in (("before", b), ("after", a)) if r.outcome == "failed"]
@@ -127,23 +130,51 @@ def problems_of(contract: str, b: Result | None, a: Result | None) -> list[str]:
 
 
 @dataclass
+class Step:
+    """One step of an upstream's series: the whole series (``key`` '': every kit test marked ``regression`` for the
+    upstream is FAIL_TO_PASS) or commit ``number`` of a stack of ``of`` (``key``: the regression key of the kit tests
+    it turns green; marked tests whose key is in ``later`` belong to later commits and are not judged here).
+
+    ``before`` / ``after``: {node id: Result}; upstream tests' ids start with ``upstream/<name>/``, the kit's with
+    ``tests/<name>/``. ``fail_to_pass``: the declared upstream ids (with the prefix). ``stages``: {"before", "after"}
+    -> the name of the stage each came from; ``subject``, ``patch``: the commit's subject and patch file(s).
+    """
+
+    number: int = 1
+    of: int = 1
+    key: str = ""
+    later: set = field(default_factory=set)
+    subject: str = ""
+    patch: str = ""
+    before: dict = field(default_factory=dict)
+    after: dict = field(default_factory=dict)
+    fail_to_pass: set = field(default_factory=set)
+    stages: dict = field(default_factory=dict)
+
+    @property
+    def change(self) -> str:
+        """What the step judges, in the violations' words: ``the series`` or ``commit 2``."""
+        return f"commit {self.number}" if self.key else "the series"
+
+
+@dataclass
 class Upstream:
     """What the gate measured for one upstream, as grading needs it.
 
-    ``before`` / ``after``: {node id: Result}; upstream tests' ids start with ``upstream_prefix``
-    (``upstream/<name>/``), the kit's with ``tests/<name>/``. ``fail_to_pass``: the declared upstream ids (with the
-    prefix). ``check``: ``series`` (the whole series) or ``fix`` (only its fix hunks; a release's declaration);
-    ``skipped``: upstream test files not run because their hunks do not apply (``fix`` only). ``problems``:
-    violations found outside the tests (a series that does not apply, a module imported from elsewhere).
-    ``stages``, ``imports``: recorded in the report as they are.
+    ``steps``: one Step for a series judged as one block, one per commit for a stack. ``keys``: every regression key
+    of a stack's commits. ``check``: ``series`` (the whole series) or ``fix`` (only its fix hunks; a release's
+    declaration); ``skipped``: upstream test files not run because their hunks do not apply (``fix`` only).
+    ``problems``: violations found outside the tests (a series that does not apply, a module imported from
+    elsewhere). ``series_id``: scripts/stack.series_id of the patches judged. ``stages`` ({stage name: {"commit",
+    "wall_s", "holds", ...}}), ``imports``: recorded as they are.
     """
 
     name: str
     version: str
     base: str
-    before: dict = field(default_factory=dict)
-    after: dict = field(default_factory=dict)
-    fail_to_pass: set = field(default_factory=set)
+    steps: list = field(default_factory=list)
+    series_id: str = ""
+    keys: set = field(default_factory=set)
     upstream_tests: bool = False
     check: str = "series"
     reason: str = ""
@@ -155,6 +186,11 @@ class Upstream:
     @property
     def upstream_prefix(self) -> str:
         return f"upstream/{self.name}/"
+
+    @property
+    def stacked(self) -> bool:
+        """True for a series of several commits judged one by one."""
+        return any(step.key for step in self.steps)
 
 
 def excerpt(key: str, b: Result | None, a: Result | None, problems: list[str]) -> str:
@@ -170,46 +206,109 @@ def excerpt(key: str, b: Result | None, a: Result | None, problems: list[str]) -
     return "\n".join(parts) + "\n"
 
 
-def judge(up: Upstream) -> tuple[dict, list[str], dict[str, str]]:
-    """Return (rows, violations, excerpts) of one upstream.
+def unexplained(entry: dict) -> list[str]:
+    """The FAIL_TO_PASS tests of a report entry whose failure before gives no message of the test's own, only
+    pytest's rendering of a bare ``assert`` (``{'a': 0} == {'a': 0}``): they should say what went wrong."""
+    tables = [step["tests"] for step in entry.get("steps", [])] or [entry["tests"]]
+    return list(dict.fromkeys(key for table in tables for key, r in table.items() if r.get("bare")))
+
+
+def key_of(result: Result) -> str:
+    """The key of a result's ``regression`` property (``deepspeed#8787`` -> ``8787``; '' when unmarked)."""
+    return result.regression.partition("#")[2]
+
+
+def judge_step(up: Upstream, step: Step, excerpts: dict[str, str], broken: set = frozenset()
+               ) -> tuple[dict, list[str]]:
+    """Return (rows, violations) of one step; add the excerpts of its violating tests to ``excerpts``.
+
+    ``broken``: the tests that did not pass after the step before, whose violations that step reports; here they
+    are no guards (a guard is a test that passed after the step before) and their rows say ``"carried": True``.
 
     rows: {node id: {"contract", "before", "after", "ok", "reason"?, "excerpt"?}} sorted FAIL_TO_PASS first, then
-    by id; ``reason`` is the first line of a FAIL_TO_PASS test's assertion message before the series, ``excerpt``
-    the path (relative to the report) of a violating test's log excerpt. violations: one line each.
-    excerpts: {path: text} to write beside the report.
+    by id; ``reason`` is the first line of a FAIL_TO_PASS test's assertion message before, ``excerpt`` the path
+    (relative to the report) of a violating test's log excerpt. violations: one line each, ``<name> <id>: ...``
+    (``<name> <k>/<n> <id>: ...`` for commit k of a stack).
     """
-    before, after = up.before, up.after
-    marked = {k for stage in (before, after) for k, r in stage.items() if r.regression}
-    contracts = {key: "FAIL_TO_PASS" if key in up.fail_to_pass or key in marked else "PASS_TO_PASS"
-                 for key in set(before) | set(after) | up.fail_to_pass}
-    rows, violations, excerpts = {}, list(up.problems), {}
+    before, after = step.before, step.after
+    label = f"{up.name} {step.number}/{step.of}" if step.key else up.name
+    stem = f"{up.name}-{step.number}-" if step.key else f"{up.name}-"
+    results = [(k, r) for stage in (before, after) for k, r in stage.items() if r.regression]
+    later = {k for k, r in results if step.key and key_of(r) in step.later}
+    marked = {k for k, r in results if not step.key or key_of(r) == step.key}
+    contracts = {key: "FAIL_TO_PASS" if key in step.fail_to_pass or key in marked else "PASS_TO_PASS"
+                 for key in (set(before) | set(after) | step.fail_to_pass) - later}
+    rows, violations = {}, []
     for key in sorted(contracts, key=lambda k: (contracts[k] != "FAIL_TO_PASS", k)):
         contract, b, a = contracts[key], before.get(key), after.get(key)
-        problems = problems_of(contract, b, a)
+        problems = problems_of(contract, b, a, step.change)
         row = {"contract": contract, "before": b.outcome if b else "missing", "after": a.outcome if a else "missing",
                "ok": not problems}
+        if problems and contract == "PASS_TO_PASS" and key in broken:
+            rows[key] = {**row, "carried": True}
+            continue
         if contract == "FAIL_TO_PASS" and b and b.outcome == "failed":
             row["reason"] = reason(b)
+            if first_line(b).startswith("assert "):
+                row["bare"] = True
         if problems:
-            row["excerpt"] = f"excerpts/{up.name}-{len(excerpts) + 1}.txt"
+            row["excerpt"] = f"excerpts/{stem}{sum(p.startswith(f'excerpts/{stem}') for p in excerpts) + 1}.txt"
             excerpts[row["excerpt"]] = excerpt(key, b, a, problems)
         rows[key] = row
-        violations += [f"{up.name} {key}: {p}" for p in problems]
+        violations += [f"{label} {key}: {p}" for p in problems]
     # A gate without FAIL_TO_PASS tests cannot tell the fix from the base.
     if not any(r["contract"] == "FAIL_TO_PASS" for k, r in rows.items() if not k.startswith(up.upstream_prefix)):
-        violations.append(f"{up.name}: no FAIL_TO_PASS test in the kit's suite (no test marked `regression` ran)")
-    if up.upstream_tests and not up.fail_to_pass and not up.skipped:
-        violations.append(f"{up.name}: no FAIL_TO_PASS upstream test declared in [{up.name}.gate]")
-    return rows, violations, excerpts
+        marker = f"`regression({up.name}, {step.key!r})`" if step.key else "`regression`"
+        violations.append(f"{label}: no FAIL_TO_PASS test in the kit's suite (no test marked {marker} ran)")
+    if up.upstream_tests and not step.fail_to_pass and not up.skipped:
+        where = f"[[{up.name}.gate.commits]] {step.number}" if step.key else f"[{up.name}.gate]"
+        violations.append(f"{label}: no FAIL_TO_PASS upstream test declared in {where}")
+    return rows, violations
 
 
-def summary_of(up: Upstream, rows: dict, violations: list[str]) -> dict:
-    """The report.json entry of one upstream (see ``report``)."""
-    return {"version": up.version, "base": up.base, "check": up.check, "reason": up.reason,
-            "skipped_upstream_tests": up.skipped, "stages": up.stages, "imports": up.imports,
-            "FAIL_TO_PASS": [k for k, r in rows.items() if r["contract"] == "FAIL_TO_PASS"],
-            "PASS_TO_PASS": [k for k, r in rows.items() if r["contract"] == "PASS_TO_PASS"],
-            "tests": rows, "violations": violations, "verdict": "fail" if violations else "pass"}
+def judge(up: Upstream) -> tuple[list[tuple[dict, list[str]]], list[str], dict[str, str]]:
+    """Return ([(rows, violations) per step], every violation of the upstream, excerpts {path: text}).
+
+    The upstream's violations are its problems, then each step's (judge_step), then, for a stack, every kit test
+    marked with a key that none of its commits has.
+    """
+    excerpts: dict[str, str] = {}
+    judged, broken = [], set()
+    for step in up.steps:
+        judged.append(judge_step(up, step, excerpts, broken))
+        broken = {key for key, row in judged[-1][0].items() if row["after"] != "passed"}
+    violations = [*up.problems, *(v for _, found in judged for v in found)]
+    if up.stacked:
+        stray = sorted({(k, key_of(r)) for step in up.steps for stage in (step.before, step.after)
+                        for k, r in stage.items() if r.regression and key_of(r) not in up.keys})
+        violations += [f"{up.name} {k}: marked regression({up.name}, {key!r}), a key that no "
+                       f"[[{up.name}.gate.commits]] table has" for k, key in stray]
+    return judged, violations, excerpts
+
+
+def contract_lists(rows: dict) -> dict:
+    """{"FAIL_TO_PASS": [ids], "PASS_TO_PASS": [ids]} of a step's rows."""
+    return {c: [k for k, r in rows.items() if r["contract"] == c] for c in ("FAIL_TO_PASS", "PASS_TO_PASS")}
+
+
+def summary_of(up: Upstream, judged: list, violations: list[str]) -> dict:
+    """The report.json entry of one upstream (see ``report``): a series judged as one block as always; a stack's
+    entry adds ``steps``, one per commit ({"commit", "of", "key", "subject", "patch", "stages", "FAIL_TO_PASS",
+    "PASS_TO_PASS", "tests", "violations", "verdict"}), its FAIL_TO_PASS every commit's, its PASS_TO_PASS the last
+    commit's guards, its ``tests`` the last commit's rows."""
+    entry = {"version": up.version, "base": up.base, "series_id": up.series_id, "check": up.check, "reason": up.reason,
+             "skipped_upstream_tests": up.skipped, "stages": up.stages, "imports": up.imports}
+    rows = judged[-1][0] if judged else {}
+    if not up.stacked:
+        return {**entry, **contract_lists(rows), "tests": rows, "violations": violations,
+                "verdict": "fail" if violations else "pass"}
+    steps = [{"commit": step.number, "of": step.of, "key": step.key, "subject": step.subject, "patch": step.patch,
+              "stages": step.stages, **contract_lists(found), "tests": found, "violations": bad,
+              "verdict": "fail" if bad else "pass"} for step, (found, bad) in zip(up.steps, judged, strict=True)]
+    every = [k for s in steps for k in s["FAIL_TO_PASS"]]
+    return {**entry, "FAIL_TO_PASS": every, "PASS_TO_PASS": [k for k in contract_lists(rows)["PASS_TO_PASS"]
+                                                             if k not in every],
+            "tests": rows, "steps": steps, "violations": violations, "verdict": "fail" if violations else "pass"}
 
 
 def report(ups: list[Upstream], meta: dict) -> tuple[dict, str, dict[str, str]]:
@@ -221,8 +320,8 @@ def report(ups: list[Upstream], meta: dict) -> tuple[dict, str, dict[str, str]]:
     doc = {**meta, "python": meta.get("versions", {}).get("python", ""), "upstreams": {}}
     excerpts = {}
     for up in ups:
-        rows, violations, found = judge(up)
-        doc["upstreams"][up.name] = summary_of(up, rows, violations)
+        judged, violations, found = judge(up)
+        doc["upstreams"][up.name] = summary_of(up, judged, violations)
         excerpts |= found
     doc["verdict"] = "fail" if any(u["violations"] for u in doc["upstreams"].values()) else "pass"
     return doc, markdown(doc), excerpts
@@ -239,12 +338,61 @@ STAGE_TEXT = {"series": ("the base {base} + only the series' test hunks", "the b
                       "other test hunks)")}
 
 
+def tests_table(rows: dict, change: str) -> list[str]:
+    """Every test of a step, collapsed: FAIL_TO_PASS first, with the first line of its assertion message before."""
+    md = ["", f"<details><summary>All {len(rows)} tests: FAIL_TO_PASS first, with the first line of each one's "
+          f"assertion message before {change}</summary>", "",
+          "| test | contract | before | after | ok |", "|---|---|---|---|---|"]
+    for key, r in rows.items():
+        before_cell = f"{r['before']}: {cell(r['reason'])}" if r.get("reason") else r["before"]
+        ok = "yes" if r["ok"] else (f"[**no**]({r['excerpt']})" if "excerpt" in r else "**no**")
+        ok = "not a guard (failed after the commit before)" if r.get("carried") else ok
+        md.append(f"| `{key}` | {r['contract']} | {before_cell} | {r['after']} | {ok} |")
+    return md + ["", "</details>", ""]
+
+
+def violation_lines(violations: list[str], rows: dict, label: str) -> list[str]:
+    """The violations as a list, each linked to its test's log excerpt when it has one."""
+    links = {key: r["excerpt"] for key, r in rows.items() if "excerpt" in r}
+    md = ["", "Violations:", ""]
+    for violation in violations:
+        key = next((k for k in links if violation.startswith(f"{label} {k}: ")), None)
+        md.append(f"- {cell(violation, 300)}" + (f" ([log excerpt]({links[key]}))" if key else ""))
+    return md
+
+
+def imports_line(name: str, u: dict) -> list[str]:
+    """Where each stage imported the upstream's package from."""
+    if not u["imports"]:
+        return []
+    counts = "; ".join(f"{stage}: {seen.get('modules', 0)} modules in {seen.get('processes', 0)} processes"
+                       for stage, seen in u["imports"].items())
+    outside = [module for seen in u["imports"].values() for module in seen.get("outside", [])]
+    return [f"`{name}` imported ({counts}): " + ("every module from the stage's own work tree." if not outside
+            else "**also from outside it**: " + ", ".join(f"`{m}`" for m in outside[:5]))]
+
+
+def unexplained_line(u: dict) -> list[str]:
+    """A note naming the FAIL_TO_PASS tests whose failure before is a bare ``assert`` (unexplained)."""
+    found = unexplained(u)
+    if not found:
+        return []
+    return [f"{plural(len(found), 'FAIL_TO_PASS test')} {'fails' if len(found) == 1 else 'fail'} before with a bare "
+            "`assert` (pytest's rendering of the values, no sentence of the test's own saying what went wrong): "
+            + ", ".join(f"`{k}`" for k in found)]
+
+
 def upstream_markdown(name: str, u: dict) -> list[str]:
-    """The section of one upstream: stages, imports, violations, then every test collapsed."""
+    """The section of one upstream: stages, imports, violations, then every test collapsed (a stack: a section
+    per commit after the upstream's own lines)."""
+    if "steps" in u:
+        return stack_markdown(name, u)
     before, after = STAGE_TEXT[u["check"]]
     stages = u["stages"]
+    names = list(stages) or ["before", "after"]
     md = [f"## {name} {u['version']}", ""]
-    commits = {s: stages.get(s, {}).get("commit", "")[:12] or "-" for s in ("before", "after")}
+    commits = {role: stages.get(s, {}).get("commit", "")[:12] or "-"
+               for role, s in zip(("before", "after"), names, strict=False)}
     md.append(f"before = `{commits['before']}`: {before.format(base='`' + u['base'][:12] + '`')}; after = "
               f"`{commits['after']}`: {after}. Each stage ran in its own work tree with the tree first on "
               f"`PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests `upstream/{name}/...` (their path in "
@@ -254,35 +402,76 @@ def upstream_markdown(name: str, u: dict) -> list[str]:
         if u["skipped_upstream_tests"]:
             md.append("Upstream test files skipped (their hunks do not apply): "
                       + ", ".join(f"`{path}`" for path in u["skipped_upstream_tests"]) + ".")
-    times = [f"{s} {stages[s]['wall_s']} s" for s in ("before", "after") if "wall_s" in stages.get(s, {})]
-    if times:
-        md += ["", "Stage wall times: " + ", ".join(times) + "."]
-    if u["imports"]:
-        counts = "; ".join(f"{stage}: {seen.get('modules', 0)} modules in {seen.get('processes', 0)} processes"
-                           for stage, seen in u["imports"].items())
-        outside = [module for seen in u["imports"].values() for module in seen.get("outside", [])]
-        md.append(f"`{name}` imported ({counts}): " + ("every module from the stage's own work tree." if not outside
-                  else "**also from outside it**: " + ", ".join(f"`{m}`" for m in outside[:5])))
+    md += ["", *imports_line(name, u), *unexplained_line(u)]
     if u["violations"]:
-        md += ["", "Violations:", ""]
-        links = {key: r["excerpt"] for key, r in u["tests"].items() if "excerpt" in r}
-        for violation in u["violations"]:
-            key = next((k for k in links if violation.startswith(f"{name} {k}: ")), None)
-            md.append(f"- {cell(violation, 300)}" + (f" ([log excerpt]({links[key]}))" if key else ""))
-    rows = u["tests"]
-    md += ["", f"<details><summary>All {len(rows)} tests: FAIL_TO_PASS first, with the first line of each one's "
-           "assertion message before the series</summary>", "",
-           "| test | contract | before | after | ok |", "|---|---|---|---|---|"]
-    for key, r in rows.items():
-        before_cell = f"{r['before']}: {cell(r['reason'])}" if r.get("reason") else r["before"]
-        ok = "yes" if r["ok"] else (f"[**no**]({r['excerpt']})" if "excerpt" in r else "**no**")
-        md.append(f"| `{key}` | {r['contract']} | {before_cell} | {r['after']} | {ok} |")
-    md += ["", "</details>", ""]
+        md += violation_lines(u["violations"], u["tests"], name)
+    return md + tests_table(u["tests"], "the series")
+
+
+def stack_markdown(name: str, u: dict) -> list[str]:
+    """The section of a stack: its stages and imports, the violations outside any commit, then one section per
+    commit (subject, stages, its FAIL_TO_PASS with the first assertion line before, the guards it kept green)."""
+    stages, n = u["stages"], len(u["steps"])
+    md = [f"## {name} {u['version']}: a stack of {n} commits", "",
+          f"Commit k is judged on *before k* = the base `{u['base'][:12]}` + commits 1..k-1 + only commit k's test "
+          "hunks, and *after k* = the base + commits 1..k (`git am`): its FAIL_TO_PASS tests (its declared upstream "
+          "tests and the kit's tests marked with its key) fail with an assertion before and pass after; every other "
+          "test of both stages (the earlier commits' included) passes in both. Each stage ran in its own work tree "
+          f"with the tree first on `PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests "
+          f"`upstream/{name}/...`.",
+          "", *imports_line(name, u), *unexplained_line(u)]
+    own = {v for step in u["steps"] for v in step["violations"]}
+    outside = [v for v in u["violations"] if v not in own]
+    if outside:
+        md += violation_lines(outside, {}, name)
+    for step in u["steps"]:
+        k, rows = step["commit"], step["tests"]
+        label = f"{name} {k}/{n}"
+        f2p = [key for key in step["FAIL_TO_PASS"]]
+        guards = step["PASS_TO_PASS"]
+        earlier = [key for key in guards if any(key in s["FAIL_TO_PASS"] for s in u["steps"][:k - 1])]
+        commit = {role: stages.get(step["stages"][role], {}).get("commit", "")[:12] or "-" for role in ("before",
+                                                                                                         "after")}
+        md += ["", f"### {k}/{n}: {step['subject']} ({'**FAIL**' if step['violations'] else 'pass'})", "",
+               f"`{step['patch']}`, key `{step['key']}`. before {k} = stage `{step['stages']['before']}` "
+               f"(`{commit['before']}`), after {k} = stage `{step['stages']['after']}` (`{commit['after']}`).", "",
+               f"FAIL_TO_PASS ({len(f2p)}), with the first line of each one's assertion message before commit {k}:",
+               ""]
+        md += [f"- `{key}`: {cell(rows[key].get('reason', rows[key]['before']), 300)}" for key in f2p]
+        carried = [key for key in guards if rows[key].get("carried")]
+        guards = [key for key in guards if key not in carried]
+        kept = sum(rows[key]["ok"] for key in guards)
+        md += ["", f"Guards kept green (PASS_TO_PASS): {kept} of {len(guards)}"
+               + (f", {len(earlier)} of them the FAIL_TO_PASS tests of commits 1..{k - 1}." if k > 1 else ".")]
+        if carried:
+            md.append(f"Not guards here: {len(carried)} tests that did not pass after commit {k - 1} (its section "
+                      "says why): " + ", ".join(f"`{key}`" for key in carried[:5])
+                      + ("..." if len(carried) > 5 else ""))
+        if step["violations"]:
+            md += violation_lines(step["violations"], rows, label)
+        md += tests_table(rows, f"commit {k}")
     return md
 
 
+def stages_markdown(doc: dict) -> list[str]:
+    """The stages once: what each held per upstream, its wall time, and links to its pytest log and JUnit XML."""
+    holds: dict[str, list[str]] = {}
+    for name, u in doc["upstreams"].items():
+        for stage, entry in u["stages"].items():
+            holds.setdefault(stage, []).append(f"{name}: {entry.get('holds', '')}")
+    if not holds:
+        return []
+    md = ["| stage | holds | wall (s) | log | JUnit |", "|---|---|---|---|---|"]
+    for stage, lines in holds.items():
+        entry = next(u["stages"][stage] for u in doc["upstreams"].values() if stage in u["stages"])
+        md.append(f"| {stage} | {'; '.join(lines)} | {entry.get('wall_s', '-')} | [pytest.log]({stage}/pytest.log) "
+                  f"| [junit.xml]({stage}/junit.xml) |")
+    return [*md, ""]
+
+
 def markdown(doc: dict) -> str:
-    """The report.md of a report.json document: the summary per upstream first, then each upstream's section."""
+    """The report.md of a report.json document: the summary (a row per upstream, per commit of a stack), the
+    stages, then each upstream's section."""
     versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
     series = doc.get("series", {})
     uncommitted = series.get("uncommitted") or []
@@ -296,9 +485,15 @@ def markdown(doc: dict) -> str:
           "| upstream | version | base | check | FAIL_TO_PASS | PASS_TO_PASS | violations | verdict |",
           "|---|---|---|---|---|---|---|---|"]
     for name, u in doc["upstreams"].items():
-        md.append(f"| {name} | {u['version']} | `{u['base'][:12]}` | {u['check']} | {len(u['FAIL_TO_PASS'])} | "
-                  f"{len(u['PASS_TO_PASS'])} | {len(u['violations'])} | {'**FAIL**' if u['violations'] else 'pass'} |")
-    md.append("")
+        rows = [(s, f"{name} {s['commit']}/{s['of']}") for s in u.get("steps", [])] or [(u, name)]
+        outside = [v for v in u["violations"] if not any(v in s["violations"] for s in u.get("steps", [u]))]
+        if outside:  # of a stack: a series that does not apply, a module imported from elsewhere, a stray key
+            rows.append(({"FAIL_TO_PASS": [], "PASS_TO_PASS": [], "violations": outside}, f"{name} (the stack)"))
+        for row, what in rows:
+            md.append(f"| {what} | {u['version']} | `{u['base'][:12]}` | {u['check']} | {len(row['FAIL_TO_PASS'])} | "
+                      f"{len(row['PASS_TO_PASS'])} | {len(row['violations'])} | "
+                      f"{'**FAIL**' if row['violations'] else 'pass'} |")
+    md += ["", *stages_markdown(doc)]
     for name, u in doc["upstreams"].items():
         md += upstream_markdown(name, u)
     return "\n".join(md) + "\n"

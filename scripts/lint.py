@@ -5,7 +5,9 @@ checkout (series applied) on the ``.py`` files the series adds or changes, with 
 tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requirements/tools.txt); each such
 file must start with the ``header`` regex. Per patch: it applies to the base with whitespace errors fatal
 (``git apply --cached --whitespace=error`` into a temporary index), and its message has a subject of at most
-72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO). The kit's own
+72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO). In a series of several
+commits (``[[<name>.gate.commits]]``) each commit is checked so: ``Fixes #<key>`` for a numeric key, none needed for
+a slug key (a follow-up without an issue number yet). The kit's own
 code: ``ruff check`` with the kit's pyproject.toml, and the GitHub Actions workflows against the workflow
 schema that check-jsonschema ships. Prints one line per problem; exit status 0 when clean.
 """
@@ -17,7 +19,7 @@ import sys
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
-from scripts import KitError, plural, runlock, series, sources
+from scripts import KitError, plural, runlock, series, sources, stack
 from scripts.git import git
 
 SUBJECT_MAX = 72
@@ -32,8 +34,12 @@ def placeholder_notes(patch_dir: Path) -> list[str]:
             if PLACEHOLDER_SIGNOFF in p.read_text(errors="replace")]
 
 
-def message_problems(patch: Path) -> list[str]:
-    """Return what is missing from the commit message of the ``git format-patch`` file ``patch``."""
+def message_problems(patch: Path, key: str = "") -> list[str]:
+    """Return what is missing from the commit message of the ``git format-patch`` file ``patch``.
+
+    ``key``: the commit's key in a stack (``[[<name>.gate.commits]]``); a slug (a follow-up without an upstream issue
+    number yet) needs no ``Fixes #N`` line, a number needs ``Fixes #<key>``.
+    """
     text = patch.read_text(errors="replace")
     subject = BytesHeaderParser().parsebytes(patch.read_bytes()).get("Subject", "")
     subject = re.sub(r"\s+", " ", re.sub(r"^\[PATCH[^\]]*\]\s*", "", str(subject))).strip()
@@ -44,7 +50,9 @@ def message_problems(patch: Path) -> list[str]:
     prose = [line for line in body.splitlines() if line.strip() and not re.match(r"^[\w-]+: ", line)]
     if not prose:
         problems.append("commit message has no body")
-    if not re.search(r"^Fixes #\d+", body, re.M):
+    if key.isdigit() and not re.search(rf"^Fixes #{key}\b", body, re.M):
+        problems.append(f"no `Fixes #{key}` line (its key in [[<name>.gate.commits]])")
+    elif not key and not re.search(r"^Fixes #\d+", body, re.M):
         problems.append("no `Fixes #N` line")
     if not re.search(r"^Signed-off-by: .+ <[^>]+@[^>]+>$", body, re.M):
         problems.append("no `Signed-off-by: Name <email>` trailer (DCO)")
@@ -78,7 +86,11 @@ def lint_upstream(pin: sources.Pin, table: dict, repo: Path, patch_dir: Path, to
     base = f"base/{pin.version}"
     require_series(pin, repo, patch_dir)
     patches = series.patch_files(patch_dir)
-    problems = [f"{p.relative_to(patch_dir.parent.parent)}: {m}" for p in patches for m in message_problems(p)]
+    launched = tuple(entry["script"] for entry in table.get("gate", {}).get("launch", []))
+    commits = stack.commits(pin.name, table.get("gate", {}), patches, (*pin.test_paths, *launched)) if patches else []
+    keys = {c.patches[0]: c.key for c in commits if c.key}
+    problems = [f"{p.relative_to(patch_dir.parent.parent)}: {m}" for p in patches
+                for m in message_problems(p, keys.get(p, ""))]
     problems += [f"{p.relative_to(patch_dir.parent.parent)}: {m}"
                  for p, m in whitespace_problems(repo, base, patches).items()]
     files = touched_python(repo, base)

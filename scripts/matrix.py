@@ -21,7 +21,9 @@ reports the declared check.
 
 Upstreams run in parallel (``--jobs``, one gate at a time per upstream, so two runs never share a checkout's
 worktrees): each upstream's rows in the kit's venv first, then those of its other venvs, which one more thread
-makes meanwhile. Writes ``build/matrix/report.{json,md}``.
+makes meanwhile. Writes ``build/matrix/report.{json,md}``, with its date and the id of each series it judged
+(scripts/stack.series_id), which ``make pr`` compares with the series of its bodies. A series of several commits is
+gated as the gate judges it, commit by commit (its rows count every commit's FAIL_TO_PASS).
 Exit status 0 exactly when every row meets its declaration; 1 otherwise, naming each row that does not.
 """
 
@@ -51,7 +53,7 @@ class Row:
     """One gate run: upstream and release, the dependency version (``numpy 2.3.5``; '' without an axis), the venv
     (``kit`` or its path), the declared check and the check the gate reports, the gate's verdict (``pass``,
     ``fail``, ``not run``), FAIL_TO_PASS / PASS_TO_PASS counts, wall time in seconds, and notes (violations,
-    why it was not run)."""
+    why it was not run), and the id of the series the gate judged (scripts/stack.series_id)."""
 
     upstream: str
     release: str
@@ -65,6 +67,7 @@ class Row:
     wall_s: float = 0.0
     meets: bool = False
     notes: tuple[str, ...] = ()
+    series_id: str = ""
 
     @property
     def name(self) -> str:
@@ -197,7 +200,7 @@ def gate_row(runner: Runner, row: Row, python: str, args: argparse.Namespace) ->
         row.notes = (f"the gate wrote no report: {error_of(out / 'gate.log')} (log: {out / 'gate.log'})",)
         return row
     row.gate = "pass" if code == 0 else "fail"
-    row.check = result.get("check", "-")
+    row.check, row.series_id = result.get("check", "-"), result.get("series_id", "")
     row.FAIL_TO_PASS, row.PASS_TO_PASS = len(result["FAIL_TO_PASS"]), len(result["PASS_TO_PASS"])
     violations = result["violations"]
     notes = violations[:3] + ([f"... {len(violations) - 3} more (report: {out / 'report.md'})"]
@@ -272,12 +275,15 @@ def make_bases(table: dict, args: argparse.Namespace) -> None:
 def write_report(rows: list[Row], out: Path, wall_s: float, jobs: int) -> str:
     """Write ``report.json`` and ``report.md`` into ``out``; return the markdown."""
     failing = [row.name for row in rows if not row.meets]
-    doc = {"verdict": "fail" if failing else "pass", "wall_s": wall_s, "jobs": jobs, "failing": failing,
-           "rows": [asdict(row) for row in rows]}
+    doc = {"verdict": "fail" if failing else "pass", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "series": {row.upstream: row.series_id for row in rows if row.series_id}, "wall_s": wall_s,
+           "jobs": jobs, "failing": failing, "rows": [asdict(row) for row in rows]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
+    series = ", ".join(f"{name} `{sid}`" for name, sid in doc["series"].items())
     md = [f"Matrix: **{doc['verdict'].upper()}**, {len(rows) - len(failing)} of {len(rows)} rows meet their "
-          f"declaration; wall time {wall_s} s with {jobs} upstream(s) at once.", "",
+          f"declaration; wall time {wall_s} s with {jobs} upstream(s) at once; {doc['date']}; series judged: "
+          f"{series or 'none'}.", "",
           "| upstream | release | dependency | venv | declared | check run | gate | FAIL_TO_PASS | PASS_TO_PASS "
           "| wall (s) | meets |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -1,28 +1,38 @@
-"""Write the pull-request bodies ``build/pr/<name>.md`` from ``docs/pr/<name>.md`` and the gate's report.
+"""Write the pull-request bodies ``build/pr/<name>/<n>-<slug>.md``, one per commit, from ``docs/pr/<name>/<n>.md``
+and the results on disk.
 
-The prose of each body is written by people in ``docs/pr/<name>.md``; this fills its placeholders:
+The prose of each body is written by people in ``docs/pr/<name>/<n>.md`` (n: the commit's number in
+``patches/<name>/``); the claims about what ran come from results on disk, through placeholders:
 
-- ``{gate}``: the base (the release tag, and whether and when the series was checked against the upstream's
-  default branch: ``[<name>.default_branch]`` of upstream/sources.toml), then the count sentence (the PR's new
-  tests that fail before and pass after, its new tests that pass in both stages, and the upstream's existing tests
-  that pass in both), and one row per FAIL_TO_PASS test of the PR, from ``build/gate/report.json``;
+- ``{gate}``: the base (the release tag, plus the PRs below this one in a stack, and the default-branch check:
+  ``[<name>.default_branch]`` of upstream/sources.toml, reported as stale unless its ``series`` is the id of the
+  series judged, scripts/stack.series_id), then the count sentence (the PR's new tests that fail before and pass
+  after, its new tests that pass in both stages, and the tests already there that pass in both), and one row per
+  FAIL_TO_PASS test of the PR, from ``build/gate/report.json`` (for a stack: the commit's step);
 - ``{reproduce}``: the commands, with a link to the kit: ``KIT_URL`` from the environment, else the URL of the
-  kit's git remote ``origin`` (``git remote get-url origin``); a local path is not a usable link.
+  kit's git remote ``origin`` (``git remote get-url origin``); a local path is not a usable link;
+- ``{matrix}``: one sentence on the last ``make matrix`` (``build/matrix/report.json``): its date, the releases and
+  dependency versions it gated and how many rows met their declaration, when it judged this very series; else that
+  no matrix result for this series is on record (only the gate's release was checked).
 
-Every body is checked before any is written (both bodies or none): the report exists, has no violation for
-that upstream, and its *after* stage tested the tree of the checkout's HEAD; the kit's URL is usable. Raises
-KitError (exit 1, one line) otherwise. A test is *new* when its function is a ``def test_...`` that the series
-adds (``+`` lines of ``patches/<name>/``), found as the longest such name that the test's name starts with.
+A series of several commits gets the stack at the top of each body, newest first, this PR marked ``__->__`` (as
+PyTorch's ghstack heads its PRs). Every body is checked before any is written (all bodies or none): the report
+exists, has no violation for that upstream, and its last *after* stage tested the tree of the checkout's HEAD;
+there is a template per commit; the kit's URL is usable. Raises KitError (exit 1, one line) otherwise. A test is
+*new* when its function is a ``def test_...`` that the PR's commit adds (``+`` lines of its patch), found as the
+longest such name that the test's name starts with. ``build/pr/<name>/.series`` records the series id, so that a
+later gate of another series removes the bodies (scripts/gate.py).
 """
 
 import argparse
 import json
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
-from scripts import KitError, plural, runlock, series, sources
+from scripts import KitError, plural, runlock, series, sources, stack
 from scripts.git import git
 from scripts.lint import placeholder_notes
 
@@ -45,20 +55,6 @@ def kit_url(environ: dict, root: Path = sources.KIT_ROOT) -> str:
     return url
 
 
-def added_tests(patch_dir: Path) -> dict[str, set[str]]:
-    """{file: names of the ``test_*`` functions the series adds to it}, from the ``+`` lines of the patches."""
-    added: dict[str, set[str]] = {}
-    for patch in series.patch_files(patch_dir):
-        file = ""
-        for line in patch.read_text(errors="replace").splitlines():
-            if line.startswith("+++ "):
-                file = line[6:] if line.startswith("+++ b/") else ""
-            found = re.match(r"^\+\s*def (test_\w+)\(", line)
-            if found and file:
-                added.setdefault(file, set()).add(found.group(1))
-    return added
-
-
 def is_new(key: str, added: dict[str, set[str]], defined: dict[str, set[str]]) -> bool:
     """True when the upstream test ``file::...::name[params]`` runs a function the series adds.
 
@@ -70,18 +66,23 @@ def is_new(key: str, added: dict[str, set[str]], defined: dict[str, set[str]]) -
     return bool(functions) and max(functions, key=len) in added.get(file, set())
 
 
-def base_sentence(name: str, entry: dict, table: dict) -> str:
-    """Markdown: the base is the release tag; whether and when the series was checked on the default branch."""
+def base_sentence(name: str, entry: dict, table: dict, below: int) -> str:
+    """Markdown: the base is the release tag (and the ``below`` PRs under this one); whether and when the series was
+    checked on the default branch, and whether that check was of this series."""
     tag = table.get("tag", "v{version}").format(version=entry["version"])
     text = (f"Base: the release tag `{tag}` ({name} {entry['version']}; the kit builds it from the release's PyPI "
-            f"sdist, pinned by sha256, or with `SOURCE=git` takes the tag itself).")
+            f"sdist, pinned by sha256, or with `SOURCE=git` takes the tag itself)"
+            + (f" + the {plural(below, 'PR')} below this one in the stack." if below else "."))
     checked = table.get("default_branch")
     if not checked:
         return text + " The series was not checked against the default branch."
     how = "applies" if checked["applies"] else "does NOT apply"
-    return (text + f" The series also {how} to the default branch `{checked['branch']}` as of commit "
-            f"`{checked['commit'][:12]}` (committed {checked['committed']}; checked {checked['checked']} with "
-            f"{checked['how']}).")
+    where = (f"the default branch `{checked['branch']}` as of commit `{checked['commit'][:12]}` (committed "
+             f"{checked['committed']}; checked {checked['checked']} with {checked['how']})")
+    if checked.get("series") != entry.get("series_id"):
+        return (text + f" A check against {where} is on record, but for another version of the series than this "
+                f"one (`{entry.get('series_id', '?')}`): check again before opening the PR.")
+    return text + f" The series also {how} to {where}."
 
 
 def verb(n: int, one: str, many: str) -> str:
@@ -89,28 +90,37 @@ def verb(n: int, one: str, many: str) -> str:
     return one if n == 1 else many
 
 
-def gate_section(name: str, entry: dict, table: dict, patch_dir: Path, defined: dict[str, set[str]]) -> str:
-    """Markdown: the base, the count sentence (new vs existing tests), one row per FAIL_TO_PASS test of the PR."""
-    tests, prefix = entry["tests"], f"upstream/{name}/"
-    added = added_tests(patch_dir)
-    own = [key for key in entry["FAIL_TO_PASS"] if key.startswith(prefix)]
-    kit = [key for key in entry["FAIL_TO_PASS"] if not key.startswith(prefix)]
-    guards = [key for key in entry["PASS_TO_PASS"] if key.startswith(prefix)]
+def gate_section(name: str, entry: dict, step: dict, table: dict, patches: list[Path],
+                 defined: dict[str, set[str]]) -> str:
+    """Markdown: the base, the count sentence (new vs existing tests), one row per FAIL_TO_PASS test of the PR.
+
+    ``step``: the entry itself for a series judged as one block, else the commit's step; ``patches``: its patches.
+    """
+    tests, prefix = step["tests"], f"upstream/{name}/"
+    below = step.get("commit", 1) - 1
+    added = stack.added_tests(patches)
+    own = [key for key in step["FAIL_TO_PASS"] if key.startswith(prefix)]
+    kit = [key for key in step["FAIL_TO_PASS"] if not key.startswith(prefix)]
+    guards = [key for key in step["PASS_TO_PASS"] if key.startswith(prefix) and not tests[key].get("carried")]
     new_guards = [key for key in guards if is_new(key.removeprefix(prefix), added, defined)]
     files = sorted({key.removeprefix(prefix).split("::")[0] for key in guards if key not in new_guards})
     old = len(guards) - len(new_guards)
-    existing = (f"{plural(old, 'existing test')} of {', '.join(f'`{f}`' for f in files)} (already in the release) "
+    there = "already in the release" + (" or the PRs below" if below else "")
+    existing = (f"{plural(old, 'existing test')} of {', '.join(f'`{f}`' for f in files)} ({there}) "
                 f"{verb(old, 'passes', 'pass')} in both stages" if files else "no existing upstream test runs")
-    lines = [base_sentence(name, entry, table), "",
-             f"*Before* = the release + only the tests of this PR, *after* = the release + this PR. "
+    stages = ("*Before* = the release + the PRs below + only the tests of this PR, *after* = that + this PR."
+              if below else "*Before* = the release + only the tests of this PR, *after* = the release + this PR.")
+    lines = [base_sentence(name, entry, table, below), "",
+             f"{stages} "
              f"{plural(len(own), 'new test')} of this PR {verb(len(own), 'fails', 'fail')} before and "
              f"{verb(len(own), 'passes', 'pass')} after; {plural(len(new_guards), 'new test')} of this PR "
              f"{verb(len(new_guards), 'passes', 'pass')} in both stages; {existing}; "
-             f"violations: {len(entry['violations'])}.", "",
+             f"violations: {len(step['violations'])}.", "",
              "| test | before | after |", "|---|---|---|"]
     lines += [f"| `{key.removeprefix(prefix)}` | {tests[key]['before']} | {tests[key]['after']} |" for key in own]
+    kit_guards = len([k for k in step["PASS_TO_PASS"] if not k.startswith(prefix)])
     lines += ["", f"The contribution kit's own regression suite for this bug adds {len(kit)} FAIL_TO_PASS and "
-              f"{len(entry['PASS_TO_PASS']) - len(guards)} PASS_TO_PASS tests, with the same verdict."]
+              f"{kit_guards} PASS_TO_PASS tests, with the same verdict."]
     return "\n".join(lines)
 
 
@@ -124,6 +134,39 @@ def reproduce_section(name: str, entry: dict, upstream_tests: list[str], url: st
         f"make apply {name.upper()}_VERSION={entry['version']}",
         f"make gate {name.upper()}_VERSION={entry['version']}   # report in build/gate/report.md", "```", "",
         "In an upstream checkout with this PR (and without it, to see the failures):", "", "```", pytest_line, "```"])
+
+
+def matrix_sentence(name: str, entry: dict, matrix_file: Path) -> str:
+    """Markdown: what the last ``make matrix`` gated, when it judged this series (``entry["series_id"]``); else
+    that no matrix result for this series is on record."""
+    only = f"only {name} {entry['version']} was gated (the table above)"
+    try:
+        doc = json.loads(matrix_file.read_text())
+    except (OSError, ValueError):
+        return f"No `make matrix` result is on record: {only}."
+    if doc.get("series", {}).get(name) != entry.get("series_id"):
+        return f"The last `make matrix` ({doc.get('date', 'undated')}) judged another version of this series: {only}."
+    rows = [row for row in doc["rows"] if row["upstream"] == name]
+    releases = sorted({row["release"] for row in rows}, key=lambda v: [int(x) if x.isdigit() else x
+                                                                        for x in v.split(".")])
+    deps = sorted({row["dependency"] for row in rows if row["dependency"]})
+    met = sum(row["meets"] for row in rows)
+    failing = [f"{row['release']} {row['dependency']}".strip() for row in rows if not row["meets"]]
+    return (f"`make matrix` ({doc.get('date', 'undated')}, torch and the kit's lock) gated this series on {name} "
+            f"{', '.join(releases)}" + (f" with {', '.join(deps)}" if deps else "")
+            + f": {met} of {len(rows)} runs met their declaration" + (f"; not: {', '.join(failing)}." if failing
+                                                                      else "."))
+
+
+def stack_header(steps: list[dict], number: int, names: list[str]) -> str:
+    """Markdown: the stack, newest first, this PR marked ``__->__``; '' for a series of one commit."""
+    if len(steps) < 2:
+        return ""
+    lines = [f"Stack ({len(steps)} PRs, merged bottom up; the bodies: {', '.join(f'`{n}`' for n in names)}):"]
+    for step in reversed(steps):
+        mark = "__->__ " if step["commit"] == number else ""
+        lines.append(f"* {mark}{step['commit']}/{len(steps)} {step['subject']}")
+    return "\n".join(lines) + "\n\n"
 
 
 def rev_tree(repo: Path) -> str:
@@ -140,35 +183,59 @@ def defined_tests(repo: Path, commit: str, files: set[str]) -> dict[str, set[str
     return found
 
 
-def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: Path, url: str) -> dict[str, str]:
-    """{name: the filled body} for every template in ``docs``; raise KitError (nothing written) on any problem."""
+def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: Path, url: str,
+           matrix_file: Path) -> dict[str, dict[str, str]]:
+    """{name: {file name: the filled body}} for every upstream with a directory of templates in ``docs``; raise
+    KitError (nothing written) on any problem."""
     if not report_file.exists():
         raise KitError(f"{report_file} is missing: run `make gate` first")
     report = json.loads(report_file.read_text())
     table = sources.load(pins)
     made = {}
-    for template in sorted(docs.glob("*.md")):
-        name = template.stem
+    for folder in sorted(p for p in docs.iterdir() if p.is_dir()):
+        name = folder.name
         entry = report["upstreams"].get(name)
         if entry is None or entry["violations"]:
             raise KitError(f"the gate report has no clean result for {name}: run `make gate` and fix it first")
-        repo, after = checkouts / name, entry["stages"]["after"]["commit"]
+        steps = entry.get("steps") or [entry]
+        files = series.patch_files(patches / name)
+        if len(steps) > 1 and len(files) != len(steps):
+            raise KitError(f"the gate report judged {len(steps)} commits of {name}, patches/{name}/ holds "
+                           f"{len(files)}: run `make gate` again")
+        per_step = [[f] for f in files] if len(steps) > 1 else [files]
+        templates = [folder / f"{n}.md" for n in range(1, len(steps) + 1)]
+        missing = [t for t in templates if not t.exists()]
+        if missing:
+            raise KitError(f"{missing[0]} is missing: write the body of commit {missing[0].stem} of {name}")
+        repo = checkouts / name
+        last = steps[-1]["stages"]["after"] if len(steps) > 1 else list(entry["stages"])[-1]
+        after = entry["stages"][last]["commit"]
         tree = git(repo, "rev-parse", "--verify", "--quiet", f"{after}^{{tree}}", check=False).stdout.strip()
         if tree != rev_tree(repo):
             raise KitError(f"the gate report was made from another tree of {name} than HEAD's: run `make gate` again")
         prefix = f"upstream/{name}/"
-        files = {key.removeprefix(prefix).split("::")[0] for key in entry["tests"] if key.startswith(prefix)}
-        gate = gate_section(name, entry, table[name], patches / name, defined_tests(repo, after, files))
-        reproduce = reproduce_section(name, entry, table[name].get("gate", {}).get("upstream_tests", []), url)
-        made[name] = template.read_text().replace("{gate}", gate).replace("{reproduce}", reproduce)
+        names = [f"{n}-{stack.slug(p[0])}.md" for n, p in enumerate(per_step, 1)] if files else ["1.md"]
+        upstream_tests = table[name].get("gate", {}).get("upstream_tests", [])
+        matrix = matrix_sentence(name, entry, matrix_file)
+        made[name] = {}
+        for number, (step, template, own) in enumerate(zip(steps, templates, per_step, strict=True), 1):
+            tested = {key.removeprefix(prefix).split("::")[0] for key in step["tests"] if key.startswith(prefix)}
+            gate = gate_section(name, entry, step, table[name], own, defined_tests(repo, after, tested))
+            touched = {f for p in own for f in stack.changed_files(p)}
+            mine = [t for t in upstream_tests if t in touched] if len(steps) > 1 else upstream_tests
+            reproduce = reproduce_section(name, entry, mine or upstream_tests, url)
+            body = template.read_text().replace("{gate}", gate).replace("{reproduce}", reproduce)
+            made[name][names[number - 1]] = stack_header(steps, number, names) + body.replace("{matrix}", matrix)
     return made
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Write one body per upstream that has a template (all or none); return 0, or 1 with one line on a KitError."""
+    """Write one body per commit of every upstream that has templates (all or none); return 0, or 1 with one line
+    on a KitError."""
     parser = argparse.ArgumentParser(prog="python -m scripts.pr", description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=Path, default=sources.KIT_ROOT / "docs" / "pr")
     parser.add_argument("--report", type=Path, default=sources.KIT_ROOT / "build" / "gate" / "report.json")
+    parser.add_argument("--matrix", type=Path, default=sources.KIT_ROOT / "build" / "matrix" / "report.json")
     parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "pr")
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
@@ -179,14 +246,20 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> int:
         try:
             url = kit_url(os.environ, args.root)
-            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, url)
+            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, url, args.matrix)
         except KitError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        args.out.mkdir(parents=True, exist_ok=True)
-        for name, body in made.items():
-            (args.out / f"{name}.md").write_text(body)
-            print(f"pr: wrote {args.out / f'{name}.md'}")
+        report = json.loads(args.report.read_text())
+        for name, files in made.items():
+            folder = args.out / name
+            shutil.rmtree(folder, ignore_errors=True)  # no body of another series stays
+            (args.out / f"{name}.md").unlink(missing_ok=True)  # the old one-file layout
+            folder.mkdir(parents=True)
+            for file, body in files.items():
+                (folder / file).write_text(body)
+                print(f"pr: wrote {folder / file}")
+            (folder / ".series").write_text(report["upstreams"][name]["series_id"] + "\n")
             for note in placeholder_notes(args.patches / name):
                 print(f"  {note}")
         return 0

@@ -77,3 +77,22 @@ def test_problem_lines_follow_their_summary_in_the_singular(kit, capsys):
     assert code == 1
     assert out.splitlines()[:2] == ["lint tiny 1.0: 1 problem",
                                     "  patches/tiny/0001-Set-VALUE-to-2.patch: no `Fixes #N` line"]
+
+
+def test_each_commit_of_a_stack_is_checked_against_its_key(kit, capsys):
+    """A stack of two: commit 1's key 1 needs `Fixes #1`, which it lacks; commit 2's slug key needs no `Fixes #N`."""
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() + LINT + (
+        '[tiny.gate]\n[[tiny.gate.commits]]\nkey = 1\n[[tiny.gate.commits]]\nkey = "more"\n'))
+    assert kit.run("apply")[0] == 0
+    for content, message in (("# tiny\nVALUE = 2\n", "Set VALUE to 2\n\nIt was wrong.\n\nFixes #1"),
+                             ("# tiny\nVALUE = 2\nMORE = 3\n", "Add MORE\n\nA follow-up without an issue yet.")):
+        (kit.repo / "tiny" / "__init__.py").write_text(content)
+        git(kit.repo, "-c", "user.name=A U Thor", "-c", "user.email=author@example.com", "commit", "--quiet", "--all",
+            "--signoff", "--message", message)
+    assert kit.run("export")[0] == 0
+    capsys.readouterr()
+    argv = ["--only=tiny", f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
+            f"--patches={kit.root / 'patches'}", f"--tools={KIT_ROOT / '.tools'}"]
+    assert lint.main(argv) == 0, capsys.readouterr().out
+    assert lint.message_problems(sorted(kit.patches.glob("*.patch"))[1], "2") == [
+        "no `Fixes #2` line (its key in [[<name>.gate.commits]])"]

@@ -1,4 +1,5 @@
-"""`make pr` on the tiny upstream: both bodies or none, the kit linked, new tests told from existing ones.
+"""`make pr` on the tiny upstream: all bodies or none, the kit linked, new tests told from existing ones, claims
+about what ran only from results on disk, and one body per commit of a stack headed by the stack.
 
 The series adds ``tests/test_fixed.py::test_value_is_two`` (FAIL_TO_PASS) and ``test_value_is_int`` (a new
 guard); ``tests/test_tiny.py::test_value`` is an existing upstream test. The gate report is written by hand
@@ -17,13 +18,17 @@ NEW_TESTS = ("def test_value_is_two():\n    import tiny\n\n    assert tiny.VALUE
              "def test_value_is_int():\n    import tiny\n\n    assert isinstance(tiny.VALUE, int)\n")
 F2P, NEW_P2P = "tests/test_fixed.py::test_value_is_two", "tests/test_fixed.py::test_value_is_int"
 OLD_P2P = "tests/test_tiny.py::test_value"
+SERIES_ID = "0123456789ab"
+BODY = "1-set-value-to-2.md"
 
 
 def entry(repo, name: str, violations: list[str]) -> dict:
     prefix = f"upstream/{name}/"
     tests = {prefix + F2P: {"before": "failed", "after": "passed"}, prefix + NEW_P2P: {"before": "passed",
              "after": "passed"}, prefix + OLD_P2P: {"before": "passed", "after": "passed"}}
-    return {"version": "1.0", "stages": {"after": {"commit": rev(repo)}}, "FAIL_TO_PASS": [prefix + F2P],
+    stages = {"before": {"commit": ""}, "after": {"commit": rev(repo)}}
+    return {"version": "1.0", "series_id": SERIES_ID, "stages": stages,
+            "FAIL_TO_PASS": [prefix + F2P],
             "PASS_TO_PASS": [prefix + NEW_P2P, prefix + OLD_P2P], "tests": tests, "violations": violations}
 
 
@@ -39,9 +44,9 @@ def pr_kit(kit):
         git(repo, "add", "--all")
         git(repo, *AUTHOR, "commit", "--quiet", "--signoff", "--message", "Set VALUE to 2\n\nFixes #1")
     assert kit.run("export")[0] == 0
-    (kit.root / "docs").mkdir()
     for name in ("tiny", "other"):
-        (kit.root / "docs" / f"{name}.md").write_text("# Fix\n\n{gate}\n\n## Reproduce\n\n{reproduce}\n")
+        (kit.root / "docs" / name).mkdir(parents=True)
+        (kit.root / "docs" / name / "1.md").write_text("# Fix\n\n{gate}\n\n{matrix}\n\n## Reproduce\n\n{reproduce}\n")
     report = {"upstreams": {name: entry(kit.root / "upstream" / name, name, []) for name in ("tiny", "other")}}
     (kit.root / "report.json").write_text(json.dumps(report))
     return kit
@@ -53,13 +58,14 @@ def run_pr(kit, monkeypatch, url: str | None = "https://github.com/someone/kit")
     else:
         monkeypatch.setenv("KIT_URL", url)
     return pr.main([f"--docs={kit.root / 'docs'}", f"--report={kit.root / 'report.json'}", f"--out={kit.root / 'out'}",
+                    f"--matrix={kit.root / 'matrix.json'}",
                     f"--checkouts={kit.root / 'upstream'}", f"--patches={kit.root / 'patches'}",
                     f"--sources={kit.root / 'sources.toml'}", f"--root={kit.root}"])
 
 
 def test_body_links_the_kit_and_tells_new_tests_from_existing_ones(pr_kit, monkeypatch):
     assert run_pr(pr_kit, monkeypatch) == 0
-    body = (pr_kit.root / "out" / "tiny.md").read_text()
+    body = (pr_kit.root / "out" / "tiny" / BODY).read_text()
     assert "1 new test of this PR fails before and passes after; 1 new test of this PR passes in both stages; " \
            "1 existing test of `tests/test_tiny.py` (already in the release) passes in both stages" in body
     assert "With the contribution kit, https://github.com/someone/kit " in body
@@ -72,8 +78,15 @@ def test_default_branch_check_is_reported(pr_kit, monkeypatch):
         f.write('[tiny.default_branch]\nbranch = "main"\ncommit = "0123456789abcdef"\ncommitted = "2026-01-02"\n'
                 'checked = "2026-01-03"\napplies = true\nhow = "`git am --3way`"\n')
     assert run_pr(pr_kit, monkeypatch) == 0
+    body = (pr_kit.root / "out" / "tiny" / BODY).read_text()
+    assert "A check against the default branch `main` as of commit `0123456789ab`" in body
+    assert "for another version of the series than this one (`0123456789ab`): check again" in body
+    text = (pr_kit.root / "sources.toml").read_text()
+    (pr_kit.root / "sources.toml").write_text(text.replace('how = "`git am --3way`"\n',
+                                                           f'how = "`git am --3way`"\nseries = "{SERIES_ID}"\n'))
+    assert run_pr(pr_kit, monkeypatch) == 0
     assert ("also applies to the default branch `main` as of commit `0123456789ab` (committed 2026-01-02; checked "
-            "2026-01-03 with `git am --3way`)") in (pr_kit.root / "out" / "tiny.md").read_text()
+            "2026-01-03 with `git am --3way`)") in (pr_kit.root / "out" / "tiny" / BODY).read_text()
 
 
 def test_both_bodies_or_none(pr_kit, monkeypatch, capsys):
@@ -103,3 +116,54 @@ def test_no_usable_url_is_refused_before_anything_is_written(pr_kit, monkeypatch
     assert err.count("\n") == 1 and "origin is /work/main, not a public URL" in err and "KIT_URL=" in err
     assert not (pr_kit.root / "out").exists()
 
+
+
+def matrix_report(series_id: str) -> dict:
+    rows = [{"upstream": "tiny", "release": release, "dependency": dep, "meets": True}
+            for release in ("0.9", "1.0") for dep in ("numpy 1.26.4", "numpy 2.3.5")]
+    return {"date": "2026-12-01 10:00 UTC", "series": {"tiny": series_id}, "rows": rows}
+
+
+@pytest.mark.parametrize("matrix, sentence", [
+    (None, "No `make matrix` result is on record: only tiny 1.0 was gated (the table above)."),
+    (matrix_report("another"), "The last `make matrix` (2026-12-01 10:00 UTC) judged another version of this "
+                               "series: only tiny 1.0 was gated"),
+    (matrix_report(SERIES_ID), "`make matrix` (2026-12-01 10:00 UTC, torch and the kit's lock) gated this series on "
+                               "tiny 0.9, 1.0 with numpy 1.26.4, numpy 2.3.5: 4 of 4 runs met their declaration."),
+], ids=["no-matrix", "matrix-of-another-series", "matrix-of-this-series"])
+def test_the_matrix_claim_comes_from_the_matrix_report_of_this_series(pr_kit, monkeypatch, matrix, sentence):
+    if matrix:
+        (pr_kit.root / "matrix.json").write_text(json.dumps(matrix))
+    assert run_pr(pr_kit, monkeypatch) == 0
+    assert sentence in (pr_kit.root / "out" / "tiny" / BODY).read_text()
+
+
+def test_a_stack_gets_one_body_per_commit_headed_by_the_stack(pr_kit, monkeypatch):
+    repo, prefix = pr_kit.root / "upstream" / "tiny", "upstream/tiny/"
+    (repo / "tests" / "test_more.py").write_text("def test_more():\n    import tiny\n\n    assert tiny.MORE\n")
+    (repo / "tiny" / "__init__.py").write_text("VALUE = 2\nMORE = 3\n")
+    git(repo, "add", "--all")
+    git(repo, *AUTHOR, "commit", "--quiet", "--signoff", "--message", "Add MORE\n\nA follow-up.")
+    assert pr_kit.run("export")[0] == 0
+    report = json.loads((pr_kit.root / "report.json").read_text())
+    first = report["upstreams"]["tiny"]
+    more = prefix + "tests/test_more.py::test_more"
+    second = {"commit": 2, "of": 2, "subject": "Add MORE", "stages": {"before": "stage-1", "after": "stage-2"},
+              "FAIL_TO_PASS": [more], "PASS_TO_PASS": first["FAIL_TO_PASS"] + first["PASS_TO_PASS"],
+              "tests": {**{k: {"before": "passed", "after": "passed"} for k in first["tests"]},
+                        more: {"before": "failed", "after": "passed"}}, "violations": []}
+    first |= {"commit": 1, "of": 2, "subject": "Set VALUE to 2", "stages": {"before": "stage-0", "after": "stage-1"}}
+    report["upstreams"]["tiny"] = {**first, "steps": [dict(first), second],
+                                   "stages": {"stage-2": {"commit": rev(repo)}}}
+    (pr_kit.root / "report.json").write_text(json.dumps(report))
+    (pr_kit.root / "docs" / "tiny" / "2.md").write_text("# More\n\n{gate}\n\n{reproduce}\n")
+    assert run_pr(pr_kit, monkeypatch) == 0
+    made = sorted(p.name for p in (pr_kit.root / "out" / "tiny").glob("*.md"))
+    assert made == ["1-set-value-to-2.md", "2-add-more.md"]
+    body = (pr_kit.root / "out" / "tiny" / "2-add-more.md").read_text()
+    assert body.startswith("Stack (2 PRs, merged bottom up; the bodies: `1-set-value-to-2.md`, `2-add-more.md`):\n"
+                           "* __->__ 2/2 Add MORE\n* 1/2 Set VALUE to 2\n\n# More")
+    assert "+ the 1 PR below this one in the stack." in body
+    assert "1 new test of this PR fails before and passes after; 0 new tests of this PR pass in both stages" in body
+    (pr_kit.root / "docs" / "tiny" / "2.md").unlink()
+    assert run_pr(pr_kit, monkeypatch) == 1
