@@ -5,7 +5,8 @@ checkout (series applied) on the ``.py`` files the series adds or changes, with 
 tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requirements/tools.txt); each such
 file must start with the ``header`` regex. Per patch: it applies to the base with whitespace errors fatal
 (``git apply --cached --whitespace=error`` into a temporary index), and its message has a subject of at most
-72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO). In a series of several
+72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO); all series are
+signed off by one identity. In a series of several
 commits (``[[<name>.gate.commits]]``) each commit is checked so: ``Fixes #<key>`` for a numeric key, none needed for
 a slug key (a follow-up without an issue number yet). The kit's own
 code: ``ruff check`` with the kit's pyproject.toml, and the GitHub Actions workflows against the workflow
@@ -32,6 +33,22 @@ def placeholder_notes(patch_dir: Path) -> list[str]:
     return [f"note: {p.name} is signed off by the kit's placeholder identity: run `make export RESIGN=1` to sign "
             f"it as yourself before you open the pull request" for p in series.patch_files(patch_dir)
             if PLACEHOLDER_SIGNOFF in p.read_text(errors="replace")]
+
+
+def signoff_problems(patch_dirs: dict[str, Path]) -> list[str]:
+    """One problem when the series of ``patch_dirs`` ({upstream: patches/<name>/}) are not all signed off by one
+    identity: the kit's placeholder, or the contributor's after ``make export RESIGN=1``, which re-signs every series.
+    """
+    identities: dict[str, set[str]] = {}
+    for name, patch_dir in patch_dirs.items():
+        for patch in series.patch_files(patch_dir):
+            for who in re.findall(r"^Signed-off-by: (.+)$", patch.read_text(errors="replace"), re.M):
+                identities.setdefault(who.strip(), set()).add(name)
+    if len(identities) <= 1:
+        return []
+    listed = "; ".join(f"{who} ({', '.join(sorted(names))})" for who, names in sorted(identities.items()))
+    return [f"the series are signed off by {len(identities)} identities, {listed}: run `make export RESIGN=1` to sign "
+            f"them all as yourself"]
 
 
 def message_problems(patch: Path, key: str = "") -> list[str]:
@@ -143,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {note}")
             failed |= bool(found)
         if not args.only:
-            found = kit_problems(args.tools)
+            found = signoff_problems({name: args.patches / name for name in names}) + kit_problems(args.tools)
             report("lint kit", found)
             failed |= bool(found)
     except KitError as e:

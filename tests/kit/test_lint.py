@@ -96,3 +96,16 @@ def test_each_commit_of_a_stack_is_checked_against_its_key(kit, capsys):
     assert lint.main(argv) == 0, capsys.readouterr().out
     assert lint.message_problems(sorted(kit.patches.glob("*.patch"))[1], "2") == [
         "no `Fixes #2` line (its key in [[<name>.gate.commits]])"]
+
+
+def test_series_signed_off_by_two_identities_is_a_problem(tmp_path):
+    """Both series go out under one name: a second identity in another series is reported, one is not."""
+    signed = {"one": "A U Thor <author@example.com>", "two": "A U Thor <author@example.com>"}
+    for name, who in signed.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "0001-x.patch").write_text(f"Subject: [PATCH] x\n\nBody.\n\nSigned-off-by: {who}\n---\n")
+    dirs = {name: tmp_path / name for name in signed}
+    assert lint.signoff_problems(dirs) == []
+    (tmp_path / "two" / "0001-x.patch").write_text("Subject: x\n\nBody.\n\nSigned-off-by: Other <o@example.com>\n")
+    problems = lint.signoff_problems(dirs)
+    assert len(problems) == 1 and "2 identities" in problems[0] and "Other <o@example.com> (two)" in problems[0]
