@@ -276,7 +276,9 @@ def random_states(generator):
     return {name: hashlib.sha1(state.encode()).hexdigest() for name, state in states.items()}
 
 
-def user_code_checkpoint(accelerator, rank, num_workers, out_dir, use_save_state, dispatch_batches, persistent_workers):
+def user_code_checkpoint(
+    accelerator, rank, num_workers, out_dir, use_save_state, dispatch_batches, persistent_workers
+):
     """A checkpoint before the first batch of a loader over the user's code above, and a restart from it.
 
     Three runs, each set up as a training script is (``set_seed(1234)`` on every rank, a new ``UserBatchSampler``

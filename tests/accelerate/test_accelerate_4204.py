@@ -201,8 +201,8 @@ def test_early_state_dict_changes_no_generator(launch_dir, config):
     ``prepare_data_loader`` or the user's) and the one ``DataLoaderShard.__iter__`` synchronizes. Asked then, torchdata
     builds an iterator to answer, which draws the workers' base seed and, with workers, the permutation while priming
     the prefetch. On the base the iterator was built in ``prepare()``, so the call draws nothing; a fix that lets
-    torchdata answer and restores only the global RNG fails here. A ``SeedableRandomSampler`` creates its generator on its first ``__iter__`` and seeds it
-    on every one: a generator that did not exist before the call is not compared.
+    torchdata answer and restores only the global RNG fails here. A ``SeedableRandomSampler`` creates its generator on
+    its first ``__iter__`` and seeds it on every one: a generator that did not exist before the call is not compared.
     """
     for result in ranks(launch_dir, f"early-{config}-with"):
         before, after = result["generators_before"], result["generators_after"]
@@ -327,7 +327,7 @@ def test_restart_from_checkpoint_before_first_batch_replays_the_epochs(launch_di
     for result in ranks(launch_dir, f"user-code-{config}"):
         saved, restarted = result["with"]["epochs"], result["restarted"]["epochs"]
         assert restarted == saved, (
-            f"rank {result['rank']}: the restarted run reads {len(restarted[0])} samples, starting {restarted[0][:4]}; "
-            f"the saving run read {len(saved[0])}, starting {saved[0][:4]}"
+            f"rank {result['rank']}: the restarted run reads {len(restarted[0])} samples, starting "
+            f"{restarted[0][:4]}; the saving run read {len(saved[0])}, starting {saved[0][:4]}"
         )
         assert result["restarted"]["state_after_load_is_loaded"], f"rank {result['rank']}: state_dict() after loading"
