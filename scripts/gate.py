@@ -24,12 +24,14 @@ that was killed are removed by the next. Exit status: 0 with no violation, 1 oth
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import re
 import shutil
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,6 +45,7 @@ from scripts.grading import STAGES
 
 STAGE_TIMEOUT = 1800.0  # seconds of one stage's pytest process
 LAUNCH_TIMEOUT = 300.0  # seconds of one launched upstream script
+PROGRESS_S = 30.0  # seconds between two progress lines while the stages run (issue 22)
 CHECKS = ("series", "fix")
 ENVIRONMENT = ("torch", "torchdata", "numpy")  # versions recorded beside Python's
 
@@ -198,6 +201,7 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
+            "-p", "scripts.pytest_progress", f"--progress-file={stage_dir / 'progress'}",
             f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *launches, *paths]
 
 
@@ -261,6 +265,36 @@ def collect_stacks(stage_dir: Path, out: Path) -> list[str]:
     return found
 
 
+def stage_progress(job: launch.Job) -> str:
+    """``<stage> D/T tests done`` from the stage's ``--progress-file`` (scripts/pytest_progress.py), or how far it
+    got before its tests ran (waiting, collecting)."""
+    stage = job.log.parent.name
+    if not job.started:
+        return f"{stage} waiting"
+    try:
+        done, total, failed = (int(x) for x in (job.log.parent / "progress").read_text().split())
+    except (OSError, ValueError):
+        return f"{stage} collecting"
+    return f"{stage} {done}/{total} tests done ({failed} failed)"
+
+
+@contextlib.contextmanager
+def progress_lines(jobs: list[launch.Job], every: float):
+    """While the block runs, print one line every ``every`` seconds: elapsed time and each stage's progress."""
+    stop, started = threading.Event(), time.monotonic()
+
+    def tick():
+        while not stop.wait(every):
+            print(f"gate: {time.monotonic() - started:.0f} s: {'; '.join(map(stage_progress, jobs))}", flush=True)
+
+    thread = threading.Thread(target=tick, name="gate-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]:
     """Run both stages side by side (at most ``args.jobs`` at once); return {stage: {"launch", "results",
     "records"}} with the JUnit results renamed for the report. A stage that times out is killed after its stacks are
@@ -275,8 +309,12 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
         command = stage_command(ups, stage, stage_dir, root, args.suites.resolve())
         jobs.append(launch.Job(command, stage_dir / "pytest.log", args.timeout, cwd=sources.KIT_ROOT,
                                env=stage_env(ups, stage, stage_dir)))
+    print(f"gate: stages {', '.join(STAGES)} started (at most {args.jobs} at once; logs in "
+          f"{os.path.relpath(args.out)}/<stage>/pytest.log)", flush=True)
+    with progress_lines(jobs, PROGRESS_S):
+        launches = launch.run_all(jobs, args.jobs)
     done = {}
-    for stage, job, result in zip(STAGES, jobs, launch.run_all(jobs, args.jobs), strict=True):
+    for stage, job, result in zip(STAGES, jobs, launches, strict=True):
         stage_dir, results = job.log.parent, {}
         if result.timed_out:  # every test of the stage is then missing: violations, and the report says why
             for up in ups:
@@ -394,7 +432,7 @@ def gate(args: argparse.Namespace) -> int:
         if not args.keep_trees:
             for up in ups:
                 for tree in up.trees.values():
-                    worktree.remove(up.repo, tree)
+                    worktree.remove(tree)
             shutil.rmtree(args.out / "trees", ignore_errors=True)
     ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
     meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
@@ -426,7 +464,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("gate: interrupted; the stages were stopped and their work trees removed", file=sys.stderr)
+        trees = args.out / "trees"
+        left = (f"their trees are left in {os.path.relpath(trees)} (the next run removes them)" if trees.exists()
+                else f"no stage tree is left in {os.path.relpath(trees)}")
+        print(f"gate: interrupted; the stages were stopped and {left}; the checkouts were not touched",
+              file=sys.stderr)
         return 130
 
 

@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         for name in sources.names():
-            worktree.remove(KIT_ROOT / "upstream" / name, args.out / "trees" / name)
+            worktree.remove(args.out / "trees" / name)
     timeouts = sum(c["timeout"] for c in counts.values())
     doc = write_report(args, counts, regression, hung, walls, code)
     print(f"stress: {doc['not_passed']} test results not passed ({timeouts} of them timeouts) in {len(walls)} runs "
