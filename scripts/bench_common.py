@@ -1,6 +1,6 @@
 """What the parts of ``make bench`` share: the base and patched sides, measurement processes, figures, formatting.
 
-A side is one upstream's code under measurement: the base side imports it from a detached work tree at
+A side is one upstream's code under measurement: the base side imports it from a tree (a shared clone) at
 ``base/<version>`` (scripts/worktree.py, under ``<out>/worktrees/``) through ``PYTHONPATH``; the patched side is the
 editable install, i.e. the checkout ``upstream/<name>`` as it is (or ``--patched-from NAME=DIR``). Each measurement
 runs in a fresh process of the venv's Python (``scripts/bench_child.py``) through scripts/launch.py (timeout, stack

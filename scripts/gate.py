@@ -2,9 +2,9 @@
 
 ``python -m scripts.gate [--version NAME=VERSION]... [--only NAME] [--out DIR] [--jobs N]`` (``make gate``).
 
-Each stage of each upstream runs in its own ``git worktree`` of the checkout ``upstream/<name>`` under
-``<out>/trees/<stage>/<name>`` (scripts/worktree.py): before = ``base/<version>`` + only the series' hunks under
-the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the series with
+Each stage of each upstream runs in its own tree of the checkout ``upstream/<name>`` (a shared clone, not a
+registered work tree: scripts/worktree.py) under ``<out>/trees/<stage>/<name>``: before = ``base/<version>`` + only
+the series' hunks under the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the series with
 ``git am --3way``. The checkouts, their branches and tags are never written: the gate judges the files of
 ``patches/<name>/`` in the kit, whatever the checkouts hold. A release may declare ``check = "fix"`` (with a
 one-line ``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.toml: then before = the base + the
@@ -19,8 +19,9 @@ most ``--jobs`` at once (default: the CPU count; ``GATE_JOBS`` in the Makefile),
 upstreams from (scripts/launch_site/sitecustomize.py); a module from outside the stage's tree is a violation.
 scripts/grading.py judges FAIL_TO_PASS / PASS_TO_PASS and writes the report: ``<out>/report.{json,md}``, a log
 excerpt per violating test in ``<out>/excerpts/``, the stack dumps of timed-out launches in ``<out>/stacks/``, and
-per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The work trees are removed at the end; those of a run
-that was killed are removed by the next. Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
+per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The trees are removed at the end and on Ctrl-C; those of a run
+that was killed are removed by the next; while the stages run, one line every PROGRESS_S seconds says how far each
+got (scripts/pytest_progress.py). Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
 """
 
 import argparse
@@ -393,7 +394,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="stages run at once (default: the CPU count)")
     parser.add_argument("--timeout", type=float, default=STAGE_TIMEOUT, help="seconds per stage")
-    parser.add_argument("--keep-trees", action="store_true", help="leave the stages' work trees in <out>/trees/")
+    parser.add_argument("--keep-trees", action="store_true", help="leave the stages' trees in <out>/trees/")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     root = args.suites.resolve().parent
@@ -403,7 +404,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def clean(ups: list[Upstream], out: Path) -> None:
-    """Remove what a previous run left in ``out`` (work trees of a killed run included), the report first; kill the
+    """Remove what a previous run left in ``out`` (trees of a killed run included), the report first; kill the
     processes a killed run left running (those whose stage environment points into ``out``)."""
     killed = launch.kill_by_environment("KIT_IMPORT_RECORD", f"{out}{os.sep}")
     if killed:
