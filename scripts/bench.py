@@ -87,7 +87,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="run only these parts (repeatable); default accelerate, deepspeed, gate")
     parser.add_argument("--profile-gate", action="store_true",
                         help="also time the gate's parts: interpreter start, imports, stages one at a time (slow)")
-    parser.add_argument("--repeat", type=int, default=REPEAT, help=f"processes per side for items 1-3 (default {REPEAT})")
+    parser.add_argument("--repeat", type=int, default=REPEAT,
+                        help=f"processes per side for items 1-3 (default {REPEAT})")
     parser.add_argument("--inner", type=int, default=5, help="timed rounds per Accelerate process (default 5)")
     parser.add_argument("--samples", type=int, default=8192, help="samples of the Accelerate dataset (default 8192)")
     parser.add_argument("--batch-size", type=int, default=32, help="Accelerate batch size (default 32)")
@@ -132,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("accelerate", "deepspeed"):
             sides[name] = make_sides(args, name)
         print(f"bench: parts {', '.join(sorted(args.parts))}; {args.repeat} repetitions per side, "
-              f"{args.gate_repeat} of the gate (make bench BENCH_ARGS='--repeat N --gate-repeat N' for more)", flush=True)
+              f"{args.gate_repeat} of the gate (make bench BENCH_ARGS='--repeat N --gate-repeat N' for more)",
+              flush=True)
         parts = [("accelerate", "accelerate", lambda: bench_upstreams.bench_accelerate(args, sides["accelerate"])),
                  ("deepspeed", "deepspeed", lambda: bench_upstreams.bench_deepspeed(args, sides["deepspeed"])),
                  ("gate", "gate", lambda: bench_gate.bench_gate(args, sides)),

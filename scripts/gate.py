@@ -2,14 +2,14 @@
 
 ``python -m scripts.gate [--version NAME=VERSION]... [--only NAME] [--out DIR] [--jobs N]`` (``make gate``).
 
-Each stage of each upstream runs in its own tree of the checkout ``upstream/<name>`` (a shared clone, not a
-registered work tree: scripts/worktree.py) under ``<out>/trees/<stage>/<name>``: before = ``base/<version>`` + only
-the series' hunks under the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the series with
-``git am --3way``. The checkouts, their branches and tags are never written: the gate judges the files of
-``patches/<name>/`` in the kit, whatever the checkouts hold. A release may declare ``check = "fix"`` (with a
-one-line ``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.toml: then before = the base + the
-series' test files whose hunks apply there, after = that + the series' other hunks, and the upstream test files
-whose hunks do not apply are skipped and listed (issue 13).
+Each stage of each upstream runs in its own tree of the checkout ``upstream/<name>`` (a shared clone, not a registered
+work tree: scripts/worktree.py) under ``<out>/trees/<stage>/<name>``: before = ``base/<version>`` + only the series'
+hunks under the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the
+series with ``git am --3way``. The checkouts, their branches and tags are never written: the gate judges the files of
+``patches/<name>/`` in the kit, whatever the checkouts hold. A release may declare ``check = "fix"`` (with a one-line
+``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.toml: then before = the base + the series' test
+files whose hunks apply there, after = that + the series' other hunks, and the upstream test files whose hunks do not
+apply are skipped and listed (issue 13).
 
 A stage is one pytest process (``sys.executable``, so another venv can run the gate) over every upstream's kit
 suite ``tests/<name>/``, its ``upstream_tests`` and its ``launch`` scripts (scripts/pytest_launch.py), with the
@@ -19,9 +19,9 @@ most ``--jobs`` at once (default: the CPU count; ``GATE_JOBS`` in the Makefile),
 upstreams from (scripts/launch_site/sitecustomize.py); a module from outside the stage's tree is a violation.
 scripts/grading.py judges FAIL_TO_PASS / PASS_TO_PASS and writes the report: ``<out>/report.{json,md}``, a log
 excerpt per violating test in ``<out>/excerpts/``, the stack dumps of timed-out launches in ``<out>/stacks/``, and
-per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The trees are removed at the end and on Ctrl-C; those of a run
-that was killed are removed by the next; while the stages run, one line every PROGRESS_S seconds says how far each
-got (scripts/pytest_progress.py). Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
+per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The trees are removed at the end and on Ctrl-C; those
+of a run that was killed are removed by the next; while the stages run, one line every PROGRESS_S seconds says how
+far each got (scripts/pytest_progress.py). Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
 """
 
 import argparse

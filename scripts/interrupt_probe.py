@@ -7,7 +7,8 @@ make and a closing terminal send them) at ``i / (points + 1)`` of that duration.
 ``KIT_PROBE=<run id>`` in its environment, so one that left the group or the session (a launch in a session of its
 own) is still counted: ``left`` is how many such processes live ``--grace`` seconds after the command ended. They
 are killed before the next point. ``--reset CMD`` runs between points (e.g. ``make apply`` to put checkouts back).
-Prints one line per point and writes ``<out>/<label>.json`` (``--out``, default ``build/probe``). Exit status 0 when nothing was left anywhere.
+Prints one line per point and writes ``<out>/<label>.json`` (``--out``, default ``build/probe``). Exit status 0
+when nothing was left anywhere.
 """
 
 import argparse

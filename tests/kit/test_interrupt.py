@@ -122,7 +122,8 @@ def fake_checkouts(root) -> dict:
     return states
 
 
-@pytest.mark.parametrize("results, measured", [(0, 0), (2, 1)], ids=["during-the-first-process", "after-one-repetition"])
+@pytest.mark.parametrize("results, measured", [(0, 0), (2, 1)],
+                         ids=["during-the-first-process", "after-one-repetition"])
 def test_interrupted_bench_leaves_the_checkouts_and_writes_what_it_measured(tmp_path, results, measured):
     states = fake_checkouts(tmp_path)
     python = tmp_path / "python"

@@ -42,7 +42,8 @@ def test_a_boolean_that_is_neither_stops_before_anything_runs(variable, value):
     assert result.returncode != 0
     assert result.stdout == ""  # not one recipe line was even printed
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and f"{variable}={value} is not a boolean: use 1, yes or true, or 0, no or false" in lines[0]
+    assert len(lines) == 1
+    assert f"{variable}={value} is not a boolean: use 1, yes or true, or 0, no or false" in lines[0]
 
 
 @pytest.mark.parametrize("typed, meant", [("REPEATS", "REPEAT"), ("GATE_JOB", "GATE_JOBS"), ("JOSB", "JOBS"),
