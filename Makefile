@@ -142,12 +142,12 @@ gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by s
 
 stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
 	@$(NEED_VENV)
-	@$(LOCK) $(PY) -m scripts.stress --repeat $(REPEAT) --load $(LOAD) --on $(ON) --jobs $(JOBS) \
+	@$(call SAY,running the stress repetitions (logs in build/stress/)) $(PY) -m scripts.stress --repeat $(REPEAT) --load $(LOAD) --on $(ON) --jobs $(JOBS) \
 	  $(foreach scenario,$(SCENARIOS),--scenario $(scenario))
 
 bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate vs its floor; build/bench/report.md
 	@$(NEED_VENV)
-	@$(LOCK) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
+	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
 	  --version accelerate=$(ACCELERATE_VERSION) $(BENCH_ARGS)
 
 LINT = $(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
@@ -157,13 +157,13 @@ lint-ready: check-python
 	@$(LOCK) $(LINT) --ready
 
 lint: lint-ready $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
-	@$(LOCK) $(LINT)
+	@$(call SAY,checking the series and the kit's code) $(LINT)
 
 matrix: need-venv ## every pinned release gated as it declares, x torchdata / numpy versions (DEPS=0: not); build/matrix/report.md (slow)
-	@$(LOCK) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(call is_no,$(DEPS)),--no-deps)
+	@$(call SAY,gating the matrix (each row's report in build/matrix/)) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(call is_no,$(DEPS)),--no-deps)
 
 lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
-	@$(LOCK) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
+	@$(call SAY,making a fresh venv and freezing it (build/lock/)) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
 
 pr: ## the pull-request bodies build/pr/<name>.md: docs/pr/<name>.md + the gate's table + the commands
 	@$(LOCK) $(PYTHON) -m scripts.pr
