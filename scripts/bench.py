@@ -2,7 +2,7 @@
 floor.
 
 ``python -m scripts.bench [options]`` (``make bench BENCH_ARGS=...``) measures, in one run, the parts chosen with
-``--only`` (default: accelerate, deepspeed, gate):
+``--only`` (default: accelerate, deepspeed; ``--gate`` adds gate):
 
 - ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench_upstreams.py);
 - ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench_gate.py); ``profile``
@@ -29,8 +29,10 @@ from scripts import KitError, bench_gate, bench_upstreams, runlock, sources, wor
 from scripts.bench_common import make_sides, verdict
 
 PARTS = ("accelerate", "deepspeed", "gate", "profile", "cold-apply")
-# Defaults that keep `make bench` within 5 minutes on 2 shared cores (issue 22); more with --repeat / --gate-repeat.
+# Defaults that keep `make bench` within 5 minutes on 2 shared cores (issue 22); more with --repeat, --inner, --gate
+# and --gate-repeat (the defaults before: 7 repetitions of 5 rounds and 3 of the gate, about 25 minutes).
 REPEAT = 3
+INNER = 3
 GATE_REPEAT = 1
 
 
@@ -84,12 +86,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION",
                         help="another pinned release (default: upstream/sources.toml); passed on to the gate")
     parser.add_argument("--only", choices=PARTS, action="append",
-                        help="run only these parts (repeatable); default accelerate, deepspeed, gate")
+                        help="run only these parts (repeatable); default accelerate, deepspeed (and gate with --gate)")
+    parser.add_argument("--gate", action="store_true",
+                        help="also the gate against its floor F (item 4; a gate run, about 3 minutes more)")
     parser.add_argument("--profile-gate", action="store_true",
                         help="also time the gate's parts: interpreter start, imports, stages one at a time (slow)")
     parser.add_argument("--repeat", type=int, default=REPEAT,
                         help=f"processes per side for items 1-3 (default {REPEAT})")
-    parser.add_argument("--inner", type=int, default=5, help="timed rounds per Accelerate process (default 5)")
+    parser.add_argument("--inner", type=int, default=INNER,
+                        help=f"timed rounds per Accelerate process (default {INNER})")
     parser.add_argument("--samples", type=int, default=8192, help="samples of the Accelerate dataset (default 8192)")
     parser.add_argument("--batch-size", type=int, default=32, help="Accelerate batch size (default 32)")
     parser.add_argument("--steps", type=int, default=5000, help="timed DeepSpeed sampler micro-batches (default 5000)")
@@ -109,7 +114,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.versions = sources.versions(args.version)
     args.interrupted = ""  # set by a part that Ctrl-C cut short: where it stopped
     args.patched_from = {n: Path(d) for n, _, d in (p.partition("=") for p in args.patched_from)}
-    args.parts = set(args.only or ("accelerate", "deepspeed", "gate")) | ({"profile"} if args.profile_gate else set())
+    args.parts = (set(args.only or ("accelerate", "deepspeed")) | ({"gate"} if args.gate else set())
+                  | ({"profile"} if args.profile_gate else set()))
     if args.cold_apply:
         args.parts.add("cold-apply")
     args.cold_apply = args.cold_apply or ("cold-apply" in args.parts)
@@ -132,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in ("accelerate", "deepspeed"):
             sides[name] = make_sides(args, name)
-        print(f"bench: parts {', '.join(sorted(args.parts))}; {args.repeat} repetitions per side, "
-              f"{args.gate_repeat} of the gate (make bench BENCH_ARGS='--repeat N --gate-repeat N' for more)",
-              flush=True)
+        print(f"bench: parts {', '.join(sorted(args.parts))}; {args.repeat} repetitions per side"
+              f"{f', {args.gate_repeat} of the gate' if 'gate' in args.parts else ''} (more: make bench "
+              "BENCH_ARGS='--repeat N --gate --gate-repeat N')", flush=True)
         parts = [("accelerate", "accelerate", lambda: bench_upstreams.bench_accelerate(args, sides["accelerate"])),
                  ("deepspeed", "deepspeed", lambda: bench_upstreams.bench_deepspeed(args, sides["deepspeed"])),
                  ("gate", "gate", lambda: bench_gate.bench_gate(args, sides)),

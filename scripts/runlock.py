@@ -10,6 +10,7 @@ The Makefile runs every recipe that reads or writes the checkouts, the venvs or 
   (``scripts/launch.py``). When CMD ends, or after Ctrl-C / SIGTERM / SIGHUP, every process that still carries that
   ``KIT_RUN`` value is sent SIGTERM, then SIGKILL after ``GRACE_S``. SIGTERM and SIGHUP to the wrapper (GNU make
   sends SIGTERM to its children only) are passed on to CMD as SIGTERM; Ctrl-C reaches CMD from the terminal itself.
+  CMD then has ``CLEAN_UP_S`` seconds to end by itself before the sweep (a second signal: at once).
 - **After an interrupt** the wrapper prints one line saying where each checkout is (``series.describe``).
 - ``--say WHAT`` (pip installs, which are quiet for minutes): one line ``<name>: WHAT`` at the start, then one
   ``<name>: still WHAT (N s)`` every ``SAY_EVERY_S`` seconds until CMD ends.
@@ -38,6 +39,9 @@ from scripts import KitError, launch, plural, sources
 LOCK_FILE = Path(os.environ.get("KIT_LOCK") or sources.KIT_ROOT / "build" / "run.lock")
 ENV = "KIT_RUN"
 GRACE_S = 3.0
+# After Ctrl-C the command gets this long to end by itself (stop its launches, remove its trees, write what it has),
+# on a loaded machine too; a second Ctrl-C cuts it short (issue 22: a bench killed after 6 s left no report).
+CLEAN_UP_S = 30.0
 SAY_EVERY_S = 30.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -158,7 +162,7 @@ def run(name: str, command: list[str], say: str = "", say_every: float = SAY_EVE
             proc = subprocess.Popen(command, env={**os.environ, ENV: token})
             started.append(proc)
             while proc.poll() is None:
-                if signalled and time.monotonic() - signalled[0][0] > GRACE_S:
+                if signalled and (len(signalled) > 1 or time.monotonic() - signalled[0][0] > CLEAN_UP_S):
                     proc.send_signal(signal.SIGTERM)  # the command ignored the interrupt: the sweep ends it
                     break
                 time.sleep(0.05)
