@@ -152,3 +152,20 @@ def test_interrupted_bench_leaves_the_checkouts_and_writes_what_it_measured(tmp_
         assert report["deepspeed"]["by_scenario"]["single_cluster"]["batches_per_s"]["runs"] == measured
     assert "**Interrupted**" in (out / "report.md").read_text()
     assert "what was measured until then is in" in err and "Traceback" not in err
+
+
+def test_the_run_waits_for_a_slow_clean_up_after_ctrl_c(tmp_path):
+    """Under load the bench needed more than the 6 s it had (it was killed before writing its report)."""
+    started, done = tmp_path / "started", tmp_path / "cleaned-up"
+    code = ("import sys, time; from pathlib import Path; from scripts import runlock\n"
+            f"def work():\n    Path({str(started)!r}).touch()\n    try:\n        time.sleep(60)\n    finally:\n"
+            f"        time.sleep(8)\n        Path({str(done)!r}).touch()\n    return 0\n"
+            "sys.exit(runlock.interruptible(work))")
+    proc = subprocess.Popen([sys.executable, "-m", "scripts.runlock", "--name", "make bench", "--", sys.executable,
+                             "-c", code], cwd=KIT_ROOT, env=outside_run(tmp_path), stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    wait_for(started.exists, proc)
+    code, err = ctrl_c(proc)
+    assert code == 130, err
+    assert done.exists()
+    assert "no process of the run is left;" in err  # it ended by itself: the sweep found nothing
