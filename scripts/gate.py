@@ -2,14 +2,14 @@
 
 ``python -m scripts.gate [--version NAME=VERSION]... [--only NAME] [--out DIR] [--jobs N]`` (``make gate``).
 
-Each stage of each upstream runs in its own tree of the checkout ``upstream/<name>`` (a shared clone, not a registered
-work tree: scripts/worktree.py) under ``<out>/trees/<stage>/<name>``: before = ``base/<version>`` + only the series'
-hunks under the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the
-series with ``git am --3way``. The checkouts, their branches and tags are never written: the gate judges the files of
-``patches/<name>/`` in the kit, whatever the checkouts hold. A release may declare ``check = "fix"`` (with a one-line
-``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.toml: then before = the base + the series' test
-files whose hunks apply there, after = that + the series' other hunks, and the upstream test files whose hunks do not
-apply are skipped and listed (issue 13).
+Each stage of each upstream runs in its own tree (a shared clone) of the checkout ``upstream/<name>`` under
+``<out>/trees/<stage>/<name>`` (scripts/worktree.py): before = ``base/<version>`` + only the series' hunks under
+the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the series with
+``git am --3way``. The checkouts, their branches and tags are never written: the gate judges the files of
+``patches/<name>/`` in the kit, whatever the checkouts hold. A release may declare ``check = "fix"`` (with a
+one-line ``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.toml: then before = the base + the
+series' test files whose hunks apply there, after = that + the series' other hunks, and the upstream test files
+whose hunks do not apply are skipped and listed (issue 13).
 
 A stage is one pytest process (``sys.executable``, so another venv can run the gate) over every upstream's kit
 suite ``tests/<name>/``, its ``upstream_tests`` and its ``launch`` scripts (scripts/pytest_launch.py), with the
