@@ -38,8 +38,11 @@ class Progress:
                 f"{time.monotonic() - self.started:.0f} s")
 
     def write_file(self) -> None:
+        """Write the counts to ``--progress-file`` whole (a reader never sees half a line)."""
         if self.file:
-            Path(self.file).write_text(f"{self.done} {self.total} {self.failed}\n")
+            partial = Path(f"{self.file}.partial")
+            partial.write_text(f"{self.done} {self.total} {self.failed}\n")
+            partial.replace(self.file)
 
     def tick(self) -> None:
         """The thread of ``--progress-every``: one line every ``every`` seconds until the session ends."""
