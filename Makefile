@@ -135,7 +135,7 @@ test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist
 	@$(LOCK) $(PY) -m pytest -p scripts.pytest_progress --progress-every=30 -n $(JOBS) \
 	  --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 
-gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in work trees; build/gate/
+gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in trees of their own; build/gate/
 	@$(NEED_VENV)
 	@$(LOCK) $(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
 	  --jobs $(GATE_JOBS)
@@ -145,7 +145,7 @@ stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts
 	@$(call SAY,running the stress repetitions (logs in build/stress/)) $(PY) -m scripts.stress --repeat $(REPEAT) --load $(LOAD) --on $(ON) --jobs $(JOBS) \
 	  $(foreach scenario,$(SCENARIOS),--scenario $(scenario))
 
-bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate vs its floor; build/bench/report.md
+bench: ## base vs patched side by side (prepare(), epoch, sampler; BENCH_ARGS=--gate: the gate vs its floor); build/bench/report.md
 	@$(NEED_VENV)
 	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
 	  --version accelerate=$(ACCELERATE_VERSION) $(BENCH_ARGS)
