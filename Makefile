@@ -34,6 +34,22 @@ RESIGN ?=
 # `make unapply DISCARD=1` drops commits in a checkout that are not exported to patches/.
 DISCARD ?=
 
+# Boolean variables take 1, yes or true, or 0, no or false (empty: the default); anything else stops make here,
+# before anything runs (issue 22: DISCARD=0 used to mean yes).
+BOOLEANS := RESIGN DISCARD DEPS
+$(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
+  $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
+is_yes = $(filter 1 yes true,$(1))
+is_no = $(filter 0 no false,$(1))
+# A variable on the command line that the kit does not know gets one warning naming the closest known one.
+KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD KIT_URL TOOLS
+UNKNOWN := $(filter-out $(KNOWN),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
+CLOSEST = $(shell python3 -c 'import difflib, sys; known = sys.argv[2:]; up = [k.upper() for k in known]; \
+  m = difflib.get_close_matches(sys.argv[1].upper(), up, 1); print(f" (did you mean {known[up.index(m[0])]}?)" if m else "")' \
+  $(1) $(KNOWN))
+$(foreach v,$(UNKNOWN),$(warning warning: $(v) is not a variable of the kit and is ignored$(call CLOSEST,$(v)); make help lists them))
+
 PY := $(VENV)/bin/python
 # Every package of the venv at its locked version (`make lock` regenerates it); pip constraints of every install.
 CONSTRAINTS := requirements/constraints.txt
@@ -45,6 +61,8 @@ NEED_VENV = test -x $(PY) || { echo "error: $(VENV) does not exist: run make app
 # time, and no process of it left behind after it ends or is interrupted (scripts/runlock.py). `exec`: the shell
 # of the recipe line becomes the wrapper, so the SIGTERM that GNU make sends its child reaches the wrapper.
 LOCK = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --
+# $(LOCK) that first says what it does, then every 30 s how long it has been at it (pip is quiet for minutes).
+SAY = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --say "$(1)" --
 UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
 	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
 
@@ -58,7 +76,11 @@ help: ## list the targets and variables
 	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
 	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
 	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N LOAD=N ON SCENARIOS GATE_JOBS BENCH_ARGS"
-	@echo "           DEPS=0|1 MATRIX_JOBS KIT_URL (make pr)"
+	@echo "           DEPS=0|1 MATRIX_JOBS KIT_URL (make pr); booleans take 1/yes/true or 0/no/false"
+
+# A target the kit does not have (make gaet): one line pointing at make help.
+.DEFAULT:
+	$(error make has no target '$@': make help lists the targets)
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
@@ -72,15 +94,17 @@ ifneq ($(shell cat $(STAMP) 2>/dev/null),$(TORCH))
 endif
 $(STAMP): requirements/kit.txt $(CONSTRAINTS) | check-python
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) -c $(CONSTRAINTS) "$(TORCH)"
-	$(LOCK) $(PY) -m pip install --quiet $(PIP_OPTS) -c $(CONSTRAINTS) -r requirements/kit.txt -r $(CONSTRAINTS)
+	@$(call SAY,installing $(TORCH) into $(VENV) with pip) $(PY) -m pip install --quiet $(PIP_OPTS) -c $(CONSTRAINTS) "$(TORCH)"
+	@$(call SAY,installing the locked packages into $(VENV) with pip) $(PY) -m pip install --quiet $(PIP_OPTS) \
+	  -c $(CONSTRAINTS) -r requirements/kit.txt -r $(CONSTRAINTS)
 	@echo "$(TORCH)" > $@
 
 venv: $(STAMP) ## create .venv with the pinned tools (torch, torchdata, pytest, ...)
 
 $(TOOLS_STAMP): requirements/tools.txt | check-python
 	@test -x $(TOOLS)/bin/python || $(PYTHON) -m venv $(TOOLS)
-	$(LOCK) $(TOOLS)/bin/python -m pip install --quiet $(PIP_OPTS) -r requirements/tools.txt
+	@$(call SAY,installing the style tools into $(TOOLS) with pip) $(TOOLS)/bin/python -m pip install --quiet \
+	  $(PIP_OPTS) -r requirements/tools.txt
 	@touch $@
 
 tools: $(TOOLS_STAMP) ## create .tools/ with the upstreams' style tools at their pinned versions (ruff, yapf, flake8, codespell)
@@ -97,32 +121,33 @@ apply: apply-ready $(STAMP) ## venv + checkouts + the series applied (git am --3
 	@PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(call UPSTREAM,$(PY),install)
 
 unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)
-	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(DISCARD),--discard)
+	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(call is_yes,$(DISCARD)),--discard)
 	@test ! -x $(PY) || $(call UPSTREAM,$(PY),install)
 
 export: check-python ## regenerate patches/<name>/ from the commits on the base (git format-patch); RESIGN=1 signs as you
-	@$(call UPSTREAM,$(PYTHON),export) $(if $(RESIGN),--resign)
+	@$(call UPSTREAM,$(PYTHON),export) $(if $(call is_yes,$(RESIGN)),--resign)
 
 # Checked before anything is built: make test refuses for want of .venv before it makes .tools.
 need-venv:
 	@$(NEED_VENV)
 
 test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
-	$(LOCK) $(PY) -m pytest -n $(JOBS) --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
+	@$(LOCK) $(PY) -m pytest -p scripts.pytest_progress --progress-every=30 -n $(JOBS) \
+	  --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 
-gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in work trees; build/gate/
+gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in trees of their own; build/gate/
 	@$(NEED_VENV)
 	@$(LOCK) $(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
 	  --jobs $(GATE_JOBS)
 
 stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
 	@$(NEED_VENV)
-	@$(LOCK) $(PY) -m scripts.stress --repeat $(REPEAT) --load $(LOAD) --on $(ON) --jobs $(JOBS) \
+	@$(call SAY,running the stress repetitions (logs in build/stress/)) $(PY) -m scripts.stress --repeat $(REPEAT) --load $(LOAD) --on $(ON) --jobs $(JOBS) \
 	  $(foreach scenario,$(SCENARIOS),--scenario $(scenario))
 
-bench: ## base vs patched side by side (prepare(), epoch, sampler) and the gate vs its floor; build/bench/report.md
+bench: ## base vs patched side by side (prepare(), epoch, sampler; BENCH_ARGS=--gate: the gate vs its floor); build/bench/report.md
 	@$(NEED_VENV)
-	@$(LOCK) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
+	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
 	  --version accelerate=$(ACCELERATE_VERSION) $(BENCH_ARGS)
 
 LINT = $(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
@@ -132,17 +157,17 @@ lint-ready: check-python
 	@$(LOCK) $(LINT) --ready
 
 lint: lint-ready $(TOOLS_STAMP) ## each series with its upstream's own tools + patch hygiene (DCO, subject, Fixes #N); the kit's code
-	@$(LOCK) $(LINT)
+	@$(call SAY,checking the series and the kit's code) $(LINT)
 
 matrix: need-venv ## every pinned release gated as it declares, x torchdata / numpy versions (DEPS=0: not); build/matrix/report.md (slow)
-	@$(LOCK) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(filter 0,$(DEPS)),--no-deps)
+	@$(call SAY,gating the matrix (each row's report in build/matrix/)) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(call is_no,$(DEPS)),--no-deps)
 
 lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
-	@$(LOCK) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
+	@$(call SAY,making a fresh venv and freezing it (build/lock/)) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
 
 pr: ## the pull-request bodies build/pr/<name>/<n>-<slug>.md, one per commit: docs/pr/<name>/<n>.md + its gate table + the commands
 	@$(LOCK) $(PYTHON) -m scripts.pr
 
 clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)
-	$(LOCK) rm -rf build .pytest_cache .ruff_cache
-	find scripts tests -name __pycache__ -type d -prune -exec rm -rf {} +
+	@$(LOCK) rm -rf build .pytest_cache .ruff_cache
+	@find scripts tests -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -2,7 +2,7 @@
 floor.
 
 ``python -m scripts.bench [options]`` (``make bench BENCH_ARGS=...``) measures, in one run, the parts chosen with
-``--only`` (default: accelerate, deepspeed, gate):
+``--only`` (default: accelerate, deepspeed; ``--gate`` adds gate):
 
 - ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench_upstreams.py);
 - ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench_gate.py); ``profile``
@@ -29,6 +29,11 @@ from scripts import KitError, bench_gate, bench_upstreams, runlock, sources, wor
 from scripts.bench_common import make_sides, verdict
 
 PARTS = ("accelerate", "deepspeed", "gate", "profile", "cold-apply")
+# Defaults that keep `make bench` within 5 minutes on 2 shared cores (issue 22); more with --repeat, --inner, --gate
+# and --gate-repeat (the defaults before: 7 repetitions of 5 rounds and 3 of the gate, about 25 minutes).
+REPEAT = 3
+INNER = 3
+GATE_REPEAT = 1
 
 
 def machine_info() -> dict:
@@ -49,6 +54,8 @@ def markdown(doc: dict) -> str:
     md += [f"Command: `{doc['command']}`", "",
            f"Machine: {m['nproc']} cores ({m['cpu']}), kernel {m['kernel']}, load (1 min) {m['load_1min_start']} at "
            f"start and {m['load_1min_end']} at end; venv: {versions}.",
+           *([f"**Interrupted** {doc['interrupted']}: only what was measured until then is below.", ""]
+             if doc.get("interrupted") else []),
            f"Started {doc['started']}, took {doc['wall_s']:.0f} s. Every figure is a median over repetitions; every "
            "ratio patched/base is the median of per-repetition ratios of adjacent base/patched processes "
            "(range in brackets).", ""]
@@ -79,16 +86,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION",
                         help="another pinned release (default: upstream/sources.toml); passed on to the gate")
     parser.add_argument("--only", choices=PARTS, action="append",
-                        help="run only these parts (repeatable); default accelerate, deepspeed, gate")
+                        help="run only these parts (repeatable); default accelerate, deepspeed (and gate with --gate)")
+    parser.add_argument("--gate", action="store_true",
+                        help="also the gate against its floor F (item 4; a gate run, about 3 minutes more)")
     parser.add_argument("--profile-gate", action="store_true",
                         help="also time the gate's parts: interpreter start, imports, stages one at a time (slow)")
-    parser.add_argument("--repeat", type=int, default=7, help="processes per side for items 1-3 (default 7)")
-    parser.add_argument("--inner", type=int, default=5, help="timed rounds per Accelerate process (default 5)")
+    parser.add_argument("--repeat", type=int, default=REPEAT,
+                        help=f"processes per side for items 1-3 (default {REPEAT})")
+    parser.add_argument("--inner", type=int, default=INNER,
+                        help=f"timed rounds per Accelerate process (default {INNER})")
     parser.add_argument("--samples", type=int, default=8192, help="samples of the Accelerate dataset (default 8192)")
     parser.add_argument("--batch-size", type=int, default=32, help="Accelerate batch size (default 32)")
     parser.add_argument("--steps", type=int, default=5000, help="timed DeepSpeed sampler micro-batches (default 5000)")
     parser.add_argument("--roundtrips", type=int, default=200, help="state round trips per DeepSpeed process")
-    parser.add_argument("--gate-repeat", type=int, default=3, help="gate and floor repetitions (default 3)")
+    parser.add_argument("--gate-repeat", type=int, default=GATE_REPEAT,
+                        help=f"gate and floor repetitions (default {GATE_REPEAT})")
     parser.add_argument("--cold-apply", type=int, nargs="?", const=1, default=0, metavar="N",
                         help="also time `make apply` on a fresh clone N times (default 1 when given; slow)")
     parser.add_argument("--patched-from", action="append", default=[], metavar="NAME=DIR",
@@ -100,8 +112,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "bench")
     args = parser.parse_args(argv)
     args.versions = sources.versions(args.version)
+    args.interrupted = ""  # set by a part that Ctrl-C cut short: where it stopped
     args.patched_from = {n: Path(d) for n, _, d in (p.partition("=") for p in args.patched_from)}
-    args.parts = set(args.only or ("accelerate", "deepspeed", "gate")) | ({"profile"} if args.profile_gate else set())
+    args.parts = (set(args.only or ("accelerate", "deepspeed")) | ({"gate"} if args.gate else set())
+                  | ({"profile"} if args.profile_gate else set()))
     if args.cold_apply:
         args.parts.add("cold-apply")
     args.cold_apply = args.cold_apply or ("cold-apply" in args.parts)
@@ -120,11 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     doc = {"command": command, "started": started_at, "machine": machine_info(), "sides": {}, "versions": {},
            "errors": []}
-    worktrees: list = []
     sides: dict = {}
     try:
         for name in ("accelerate", "deepspeed"):
-            sides[name] = make_sides(args, name, worktrees)
+            sides[name] = make_sides(args, name)
+        print(f"bench: parts {', '.join(sorted(args.parts))}; {args.repeat} repetitions per side"
+              f"{f', {args.gate_repeat} of the gate' if 'gate' in args.parts else ''} (more: make bench "
+              "BENCH_ARGS='--repeat N --gate --gate-repeat N')", flush=True)
         parts = [("accelerate", "accelerate", lambda: bench_upstreams.bench_accelerate(args, sides["accelerate"])),
                  ("deepspeed", "deepspeed", lambda: bench_upstreams.bench_deepspeed(args, sides["deepspeed"])),
                  ("gate", "gate", lambda: bench_gate.bench_gate(args, sides)),
@@ -137,13 +153,17 @@ def main(argv: list[str] | None = None) -> int:
                 except KitError as e:  # reported, and the other parts still run
                     print(f"error: {e}", file=sys.stderr)
                     doc["errors"].append(f"{key}: {e}")
+                if args.interrupted:  # a part cut short by Ctrl-C returned what it measured: the report says so
+                    break
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # before a part had a complete repetition: the parts done so far are reported
+        args.interrupted = args.interrupted or "before the first complete repetition of the part under way"
     finally:
         if not args.keep_worktrees:
-            for repo, path in worktrees:
-                worktree.remove(repo, path)
+            worktree.remove(args.out / "worktrees")
+        worktree.remove(args.out / "gate" / "trees")  # of a gate run that was killed
     doc["sides"] = {name: {side.name: side.describe() for side in by_side.values()} for name, by_side in sides.items()}
     for part in ("accelerate", "deepspeed"):
         doc["versions"].update(doc.get(part, {}).get("versions", {}))
@@ -151,8 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     doc["wall_s"] = round(time.monotonic() - started, 1)
     doc["targets"] = bench_upstreams.targets(doc.get("accelerate"), doc.get("deepspeed")) + bench_gate.targets(
         doc.get("gate"))
+    doc["interrupted"] = args.interrupted
     (args.out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.out / "report.md").write_text(markdown(doc))
+    if args.interrupted:
+        print(f"bench: interrupted {args.interrupted}; what was measured until then is in "
+              f"{os.path.relpath(args.out)}/report.md ({doc['wall_s']:.0f} s)", file=sys.stderr)
+        return 130
     print(f"bench: report in {args.out}/report.md ({doc['wall_s']:.0f} s)")
     for row in doc["targets"]:
         print(f"  {verdict(row)}: {row['goal']}: {row['measured']}")

@@ -1,6 +1,6 @@
 """What the parts of ``make bench`` share: the base and patched sides, measurement processes, figures, formatting.
 
-A side is one upstream's code under measurement: the base side imports it from a detached work tree at
+A side is one upstream's code under measurement: the base side imports it from a tree (a shared clone) at
 ``base/<version>`` (scripts/worktree.py, under ``<out>/worktrees/``) through ``PYTHONPATH``; the patched side is the
 editable install, i.e. the checkout ``upstream/<name>`` as it is (or ``--patched-from NAME=DIR``). Each measurement
 runs in a fresh process of the venv's Python (``scripts/bench_child.py``) through scripts/launch.py (timeout, stack
@@ -59,14 +59,13 @@ def source_changes(repo: Path, version: str, test_paths: tuple[str, ...]) -> lis
     return [name for name in changed if not name.startswith(test_paths)]
 
 
-def make_sides(args: argparse.Namespace, upstream: str, worktrees: list) -> dict[str, Side]:
-    """The base and patched Side of ``upstream``; the base work tree is appended to ``worktrees`` (repo, path)."""
+def make_sides(args: argparse.Namespace, upstream: str) -> dict[str, Side]:
+    """The base and patched Side of ``upstream``; the base side's tree is ``<out>/worktrees/<upstream>``."""
     pin = sources.pin(upstream, args.versions.get(upstream))
     repo = args.checkouts / upstream
     if not (repo / ".git").exists():
         raise BenchError(f"{repo} does not exist: run `make apply` first")
     tree = worktree.add(repo, args.out / "worktrees" / upstream, f"base/{pin.version}")
-    worktrees.append((repo, tree))
     base = Side(upstream, "base", tree, str(worktree.package_dir(tree, upstream)), rev(tree),
                 f"work tree at base/{pin.version}")
     if upstream in args.patched_from:
@@ -110,6 +109,18 @@ def run_child(args: argparse.Namespace, side: Side, kind: str, params: dict, log
     result = json.loads(lines[-1][len(MARKER):])
     check_module(side, result["module"], what)
     return result
+
+
+def cut_short(args: argparse.Namespace, part: str, runs: dict[str, list], total: int) -> None:
+    """Ctrl-C came during ``part`` (``runs``: {side: [results]}, ``total`` repetitions asked for): keep the complete
+    repetitions (both sides; ``runs`` is trimmed in place) and record in ``args.interrupted`` where the part stopped,
+    so that the report holds them; re-raise KeyboardInterrupt when not one repetition is complete."""
+    done = min(len(values) for values in runs.values())
+    if not done:
+        raise KeyboardInterrupt
+    for values in runs.values():
+        del values[done:]
+    args.interrupted = f"during {part}, after {done} of {total} repetitions"
 
 
 def side_order(repetition: int) -> tuple[str, str]:

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from scripts import launch, sources
-from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, runs_cell
+from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, cut_short, runs_cell
 from scripts.git import git, rev
 
 REPRO_SAMPLES = 96  # bench_child.repro_accelerate
@@ -111,19 +111,24 @@ def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> d
     # Untimed: checks that both reproductions run, and compiles the base work trees' bytecode before timing.
     floor_deepspeed(args, sides["deepspeed"]["base"], -1)
     floor_accelerate(args, sides["accelerate"]["base"], -1)
-    for index in range(args.gate_repeat):
-        entry = {}
-        for step in (("floor", "gate") if index % 2 == 0 else ("gate", "floor")):
-            if step == "floor":
-                entry["deepspeed"] = floor_deepspeed(args, sides["deepspeed"]["base"], index)
-                entry["accelerate"] = floor_accelerate(args, sides["accelerate"]["base"], index)
-            else:
-                entry["gate"] = run_gate(args, str(index))
-        entry["F_s"] = entry["deepspeed"]["seconds"] + entry["accelerate"]["seconds"]
-        entry["F_cpu_s"] = entry["deepspeed"]["cpu_s"] + entry["accelerate"]["cpu_s"]
-        runs.append(entry)
-        print(f"bench: gate repetition {index + 1}/{args.gate_repeat}: gate {entry['gate']['seconds']:.1f} s "
-              f"({entry['gate']['verdict']}), F {entry['F_s']:.1f} s", flush=True)
+    try:
+        for index in range(args.gate_repeat):
+            entry = {}
+            for step in (("floor", "gate") if index % 2 == 0 else ("gate", "floor")):
+                if step == "floor":
+                    print("bench: the floor F (the two bare reproductions)", flush=True)
+                    entry["deepspeed"] = floor_deepspeed(args, sides["deepspeed"]["base"], index)
+                    entry["accelerate"] = floor_accelerate(args, sides["accelerate"]["base"], index)
+                else:
+                    print("bench: the gate (python -m scripts.gate; a few minutes)", flush=True)
+                    entry["gate"] = run_gate(args, str(index))
+            entry["F_s"] = entry["deepspeed"]["seconds"] + entry["accelerate"]["seconds"]
+            entry["F_cpu_s"] = entry["deepspeed"]["cpu_s"] + entry["accelerate"]["cpu_s"]
+            runs.append(entry)
+            print(f"bench: gate repetition {index + 1}/{args.gate_repeat}: gate {entry['gate']['seconds']:.1f} s "
+                  f"({entry['gate']['verdict']}), F {entry['F_s']:.1f} s", flush=True)
+    except KeyboardInterrupt:
+        cut_short(args, "gate", {"gate": runs}, args.gate_repeat)
     med = statistics.median
     stages = {stage: {label: med(r["gate"]["stages"].get(stage, {}).get(label, 0.0) for r in runs)
                       for label in figures} for stage, figures in runs[0]["gate"]["stages"].items()}

@@ -12,7 +12,7 @@ median of the per-repetition ratios patched / base of adjacent processes, a figu
 
 import argparse
 
-from scripts.bench_common import SIDES, Side, band, compare, fmt, ratio_cell, run_child, side_order
+from scripts.bench_common import SIDES, Side, band, compare, cut_short, fmt, ratio_cell, run_child, side_order
 
 NUM_WORKERS = (0, 2, 6)
 DS_SCENARIOS = ("single_cluster", "several_clusters")
@@ -23,11 +23,14 @@ def bench_accelerate(args: argparse.Namespace, sides: dict[str, Side]) -> dict:
     params = {"num_workers": list(NUM_WORKERS), "samples": args.samples, "batch_size": args.batch_size,
               "features": 64, "inner": args.inner}
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for repetition in range(args.repeat):
-        for name in side_order(repetition):
-            log = args.out / "logs" / f"accelerate-{name}-{repetition}"
-            runs[name].append(run_child(args, sides[name], "accelerate", params, log))
-        print(f"bench: accelerate repetition {repetition + 1}/{args.repeat}", flush=True)
+    try:
+        for repetition in range(args.repeat):
+            for name in side_order(repetition):
+                log = args.out / "logs" / f"accelerate-{name}-{repetition}"
+                runs[name].append(run_child(args, sides[name], "accelerate", params, log))
+            print(f"bench: accelerate repetition {repetition + 1}/{args.repeat}", flush=True)
+    except KeyboardInterrupt:
+        cut_short(args, "accelerate", runs, args.repeat)
     metrics = ("prepare_s", "workers_after_prepare", "epoch0_s", "prepare_epoch0_s", "epoch1_s")
     by_workers = {str(nw): {m: compare([r["by_workers"][str(nw)][m] for r in runs["base"]],
                                        [r["by_workers"][str(nw)][m] for r in runs["patched"]]) for m in metrics}
@@ -40,11 +43,14 @@ def bench_deepspeed(args: argparse.Namespace, sides: dict[str, Side]) -> dict:
     params = {"scenarios": list(DS_SCENARIOS), "steps": args.steps, "blocks": 5, "warmup": 20,
               "epoch_samples": 1000, "inner": args.roundtrips}
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    for repetition in range(args.repeat):
-        for name in side_order(repetition):
-            log = args.out / "logs" / f"deepspeed-{name}-{repetition}"
-            runs[name].append(run_child(args, sides[name], "deepspeed", params, log))
-        print(f"bench: deepspeed repetition {repetition + 1}/{args.repeat}", flush=True)
+    try:
+        for repetition in range(args.repeat):
+            for name in side_order(repetition):
+                log = args.out / "logs" / f"deepspeed-{name}-{repetition}"
+                runs[name].append(run_child(args, sides[name], "deepspeed", params, log))
+            print(f"bench: deepspeed repetition {repetition + 1}/{args.repeat}", flush=True)
+    except KeyboardInterrupt:
+        cut_short(args, "deepspeed", runs, args.repeat)
     metrics = ("batches_per_s", "batches_per_cpu_s", "state_dict_s", "load_state_dict_s", "state_roundtrip_s",
                "state_roundtrip_cpu_s")
     by_scenario = {s: {m: compare([r["by_scenario"][s][m] for r in runs["base"]],

@@ -2,7 +2,7 @@
 
 ``python -m scripts.gate [--version NAME=VERSION]... [--only NAME] [--out DIR] [--jobs N]`` (``make gate``).
 
-Each stage of each upstream runs in its own ``git worktree`` of the checkout ``upstream/<name>`` under
+Each stage of each upstream runs in its own tree (a shared clone) of the checkout ``upstream/<name>`` under
 ``<out>/trees/<stage>/<name>`` (scripts/worktree.py): before = ``base/<version>`` + only the series' hunks under
 the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the series with
 ``git am --3way``. The checkouts, their branches and tags are never written: the gate judges the files of
@@ -26,11 +26,13 @@ most ``--jobs`` at once (default: the CPU count; ``GATE_JOBS`` in the Makefile),
 upstreams from (scripts/launch_site/sitecustomize.py); a module from outside the stage's tree is a violation.
 scripts/grading.py judges FAIL_TO_PASS / PASS_TO_PASS and writes the report: ``<out>/report.{json,md}``, a log
 excerpt per violating test in ``<out>/excerpts/``, the stack dumps of timed-out launches in ``<out>/stacks/``, and
-per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The work trees are removed at the end; those of a run
-that was killed are removed by the next. Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
+per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The trees are removed at the end and on Ctrl-C; those
+of a run that was killed are removed by the next; while the stages run, one line every PROGRESS_S seconds says how
+far each got (scripts/pytest_progress.py). Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -38,6 +40,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,6 +53,7 @@ from scripts.git import git, rev
 
 STAGE_TIMEOUT = 1800.0  # seconds of one stage's pytest process
 LAUNCH_TIMEOUT = 300.0  # seconds of one launched upstream script
+PROGRESS_S = 30.0  # seconds between two progress lines while the stages run (issue 22)
 CHECKS = ("series", "fix")
 ENVIRONMENT = ("torch", "torchdata", "numpy")  # versions recorded beside Python's
 DEFAULT_OUT = sources.KIT_ROOT / "build" / "gate"  # where make gate reports; make pr writes beside it (build/pr/)
@@ -280,6 +284,7 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
+            "-p", "scripts.pytest_progress", f"--progress-file={stage_dir / 'progress'}",
             f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *launches, *paths]
 
 
@@ -348,6 +353,36 @@ def stage_names(ups: list[Upstream]) -> list[str]:
     return max((up.names for up in ups), key=len, default=[])
 
 
+def stage_progress(job: launch.Job) -> str:
+    """``<stage> D/T tests done`` from the stage's ``--progress-file`` (scripts/pytest_progress.py), or how far it
+    got before its tests ran (waiting, collecting)."""
+    stage = job.log.parent.name
+    if not job.started:
+        return f"{stage} waiting"
+    try:
+        done, total, failed = (int(x) for x in (job.log.parent / "progress").read_text().split())
+    except (OSError, ValueError):
+        return f"{stage} collecting"
+    return f"{stage} {done}/{total} tests done ({failed} failed)"
+
+
+@contextlib.contextmanager
+def progress_lines(jobs: list[launch.Job], every: float):
+    """While the block runs, print one line every ``every`` seconds: elapsed time and each stage's progress."""
+    stop, started = threading.Event(), time.monotonic()
+
+    def tick():
+        while not stop.wait(every):
+            print(f"gate: {time.monotonic() - started:.0f} s: {'; '.join(map(stage_progress, jobs))}", flush=True)
+
+    thread = threading.Thread(target=tick, name="gate-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]:
     """Run the stages side by side (at most ``args.jobs`` at once), each over the upstreams that have it; return
     {stage: {"launch", "results", "records"}} with the JUnit results renamed for the report. A stage that times out
@@ -363,8 +398,12 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
         command = stage_command(mine, stage, stage_dir, root, args.suites.resolve())
         jobs.append(launch.Job(command, stage_dir / "pytest.log", args.timeout, cwd=sources.KIT_ROOT,
                                env=stage_env(mine, stage, stage_dir)))
+    print(f"gate: stages {', '.join(stages)} started (at most {args.jobs} at once; logs in "
+          f"{os.path.relpath(args.out)}/<stage>/pytest.log)", flush=True)
+    with progress_lines(jobs, PROGRESS_S):
+        launches = launch.run_all(jobs, args.jobs)
     done = {}
-    for stage, job, result in zip(stages, jobs, launch.run_all(jobs, args.jobs), strict=True):
+    for stage, job, result in zip(stages, jobs, launches, strict=True):
         stage_dir, results = job.log.parent, {}
         mine = [up for up in ups if stage in up.trees]
         if result.timed_out:  # every test of the stage is then missing: violations, and the report says why
@@ -486,7 +525,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="stages run at once (default: the CPU count)")
     parser.add_argument("--timeout", type=float, default=STAGE_TIMEOUT, help="seconds per stage")
-    parser.add_argument("--keep-trees", action="store_true", help="leave the stages' work trees in <out>/trees/")
+    parser.add_argument("--keep-trees", action="store_true", help="leave the stages' trees in <out>/trees/")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     root = args.suites.resolve().parent
@@ -496,7 +535,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def clean(ups: list[Upstream], out: Path) -> None:
-    """Remove what a previous run left in ``out`` (work trees of a killed run included) but its report, which stays
+    """Remove what a previous run left in ``out`` (trees of a killed run included) but its report, which stays
     until the new one replaces it; kill the processes a killed run left running (those whose stage environment
     points into ``out``)."""
     killed = launch.kill_by_environment("KIT_IMPORT_RECORD", f"{out}{os.sep}")
@@ -526,7 +565,7 @@ def gate(args: argparse.Namespace) -> int:
         if not args.keep_trees:
             for up in ups:
                 for tree in up.trees.values():
-                    worktree.remove(up.repo, tree)
+                    worktree.remove(tree)
             shutil.rmtree(args.out / "trees", ignore_errors=True)
     ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
     meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
@@ -564,7 +603,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("gate: interrupted; the stages were stopped and their work trees removed", file=sys.stderr)
+        trees = args.out / "trees"
+        left = (f"their trees are left in {os.path.relpath(trees)} (the next run removes them)" if trees.exists()
+                else f"no stage tree is left in {os.path.relpath(trees)}")
+        print(f"gate: interrupted; the stages were stopped and {left}; the checkouts were not touched",
+              file=sys.stderr)
         return 130
 
 

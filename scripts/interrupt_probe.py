@@ -7,13 +7,15 @@ make and a closing terminal send them) at ``i / (points + 1)`` of that duration.
 ``KIT_PROBE=<run id>`` in its environment, so one that left the group or the session (a launch in a session of its
 own) is still counted: ``left`` is how many such processes live ``--grace`` seconds after the command ended. They
 are killed before the next point. ``--reset CMD`` runs between points (e.g. ``make apply`` to put checkouts back).
-Prints one line per point and writes ``build/probe/<label>.json``. Exit status 0 when nothing was left anywhere.
+Prints one line per point and writes ``<out>/<label>.json`` (``--out``, default ``build/probe``). Exit status 0
+when nothing was left anywhere.
 """
 
 import argparse
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -80,11 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=5.0, help="seconds after the end before counting")
     parser.add_argument("--reset", default="", help="a command run between points (shell words)")
     parser.add_argument("--label", default="", help="name of the JSON report (default: the command's words)")
+    parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "probe",
+                        help="where the logs and the JSON report go (default build/probe)")
     parser.add_argument("command", nargs="+")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     sig = getattr(signal, f"SIG{args.signal}")
-    label = args.label or "-".join(args.command).replace("/", "_")[:60]
-    out = sources.KIT_ROOT / "build" / "probe"
+    # A file name of letters, digits, '.', '_' and '-' only, whatever the command's words hold (issue 22).
+    label = re.sub(r"[^A-Za-z0-9._-]+", "_", args.label or "-".join(args.command)).strip("_.")[:60]
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     duration = args.duration
     if duration is None:

@@ -10,11 +10,15 @@ The Makefile runs every recipe that reads or writes the checkouts, the venvs or 
   (``scripts/launch.py``). When CMD ends, or after Ctrl-C / SIGTERM / SIGHUP, every process that still carries that
   ``KIT_RUN`` value is sent SIGTERM, then SIGKILL after ``GRACE_S``. SIGTERM and SIGHUP to the wrapper (GNU make
   sends SIGTERM to its children only) are passed on to CMD as SIGTERM; Ctrl-C reaches CMD from the terminal itself.
+  CMD then has ``CLEAN_UP_S`` seconds to end by itself before the sweep (a second signal: at once).
 - **After an interrupt** the wrapper prints one line saying where each checkout is (``series.describe``).
+- ``--say WHAT`` (pip installs, which are quiet for minutes): one line ``<name>: WHAT`` at the start, then one
+  ``<name>: still WHAT (N s)`` every ``SAY_EVERY_S`` seconds until CMD ends.
 
 A run started inside another (``KIT_RUN`` names an ancestor: the kit's own tests call ``make``, ``make matrix``
 calls the gate) is already covered: the wrapper then simply executes CMD. Python code can take the same lock with
-``with runlock.hold("make gate"):``. Exit status: CMD's (128 + N when a signal N ended it), 1 when the lock is held.
+``with runlock.hold("make gate"):``. Exit status: CMD's (128 + N when a signal N ended it), 1 when the lock is held;
+after an interrupt always 128 + the number of the first signal that came (130 for Ctrl-C), whatever CMD returned.
 """
 
 import argparse
@@ -24,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +39,10 @@ from scripts import KitError, launch, plural, sources
 LOCK_FILE = Path(os.environ.get("KIT_LOCK") or sources.KIT_ROOT / "build" / "run.lock")
 ENV = "KIT_RUN"
 GRACE_S = 3.0
+# After Ctrl-C the command gets this long to end by itself (stop its launches, remove its trees, write what it has),
+# on a loaded machine too; a second Ctrl-C cuts it short (issue 22: a bench killed after 6 s left no report).
+CLEAN_UP_S = 30.0
+SAY_EVERY_S = 30.0
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -118,15 +127,32 @@ def describe_checkouts(checkouts: Path = sources.KIT_ROOT / "upstream", patches:
         return str(e)
 
 
-def run(name: str, command: list[str]) -> int:
+@contextlib.contextmanager
+def saying(name: str, what: str, every: float = SAY_EVERY_S):
+    """Print ``<name>: what`` now and ``<name>: still what (N s)`` every ``every`` seconds while the block runs."""
+    print(f"{name}: {what}", file=sys.stderr, flush=True)
+    stop, started = threading.Event(), time.monotonic()
+
+    def tick():
+        while not stop.wait(every):
+            print(f"{name}: still {what} ({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    threading.Thread(target=tick, name="runlock-say", daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def run(name: str, command: list[str], say: str = "", say_every: float = SAY_EVERY_S) -> int:
     """Run ``command`` under the lock as described in the module docstring; return its exit status."""
-    with hold(name):
+    with hold(name), (saying(name, say, say_every) if say else contextlib.nullcontext()):
         token = str(os.getpid())
         started: list[subprocess.Popen] = []
-        signalled: list[float] = []  # when each signal came
+        signalled: list[tuple[float, int]] = []  # when each signal came, and which
 
         def on_signal(signum, frame):
-            signalled.append(time.monotonic())
+            signalled.append((time.monotonic(), signum))
             if signum != signal.SIGINT and started:  # Ctrl-C reached the command from the terminal already
                 with contextlib.suppress(ProcessLookupError):
                     started[0].send_signal(signal.SIGTERM)
@@ -136,7 +162,7 @@ def run(name: str, command: list[str]) -> int:
             proc = subprocess.Popen(command, env={**os.environ, ENV: token})
             started.append(proc)
             while proc.poll() is None:
-                if signalled and time.monotonic() - signalled[0] > GRACE_S:
+                if signalled and (len(signalled) > 1 or time.monotonic() - signalled[0][0] > CLEAN_UP_S):
                     proc.send_signal(signal.SIGTERM)  # the command ignored the interrupt: the sweep ends it
                     break
                 time.sleep(0.05)
@@ -146,10 +172,12 @@ def run(name: str, command: list[str]) -> int:
                 child.wait()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        if signalled:
-            print(f"{name}: interrupted ({plural(left, 'process', 'processes')} stopped); checkouts: "
-                  f"{describe_checkouts()}", file=sys.stderr)
-        elif left:
+        if signalled:  # the command stopped its own processes; the sweep counts only those it left
+            swept = f" ({plural(left, 'process', 'processes')} it left running stopped)" if left else ""
+            print(f"{name}: interrupted; no process of the run is left{swept}; checkouts: {describe_checkouts()}",
+                  file=sys.stderr)
+            return 128 + signalled[0][1]  # the same status for the same signal, however the command ended
+        if left:
             print(f"{name}: stopped {plural(left, 'process', 'processes')} left running", file=sys.stderr)
     return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
 
@@ -187,12 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point: ``--name WHAT -- CMD ...``; one ``error:`` line and exit 1 when the lock is held."""
     parser = argparse.ArgumentParser(prog="python -m scripts.runlock", description=__doc__.splitlines()[0])
     parser.add_argument("--name", required=True, help="what runs, for the next run's message (e.g. 'make gate')")
+    parser.add_argument("--say", default="", help="what CMD does: said at the start and every 30 s until it ends")
+    parser.add_argument("--say-every", type=float, default=SAY_EVERY_S, help=argparse.SUPPRESS)
     parser.add_argument("command", nargs="+", help="the command to run (after --)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if inside_run():
         os.execvp(args.command[0], args.command)
     try:
-        return run(args.name, args.command)
+        return run(args.name, args.command, args.say, args.say_every)
     except KitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

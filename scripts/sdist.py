@@ -31,14 +31,18 @@ def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> Path:
     """Return the path of ``pin``'s verified sdist in ``cache_dir``, downloading it with pip if needed.
 
     ``pip_options`` are extra ``pip download`` options (an index URL, ``--no-index --find-links DIR``).
-    A cached archive is re-hashed on every call. Raises KitError (one line, naming the file and the pin) when
-    the download fails and nothing is cached, or when the hash differs; a wrong archive is deleted.
+    A cached archive is re-hashed on every call; one that differs from the pin is deleted and downloaded again
+    (one line on stderr says so: the cache, not the pin, was bad). Raises KitError (one line, naming the file and
+    the pin) when the download fails and nothing good is cached, or when the hash differs; a wrong archive is
+    deleted.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
-    cached = cache_dir / pin.sdist
+    cached, damaged = cache_dir / pin.sdist, ""
     if cached.exists():
-        _verify(cached, pin)
-        return cached
+        damaged = sha256_of(cached)
+        if damaged == pin.sha256:
+            return cached
+        cached.unlink()  # damaged or replaced: the pin may well be right, so the archive is downloaded again
     with tempfile.TemporaryDirectory(prefix="kit-download-") as tmp:
         command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
                    "--dest", tmp, *pip_options, f"{pin.package}=={pin.version}"]
@@ -46,11 +50,15 @@ def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> Path:
         downloaded = Path(tmp) / pin.sdist
         if result.returncode != 0 or not downloaded.exists():
             reason = last_line(result.stderr) or f"pip saved no file named {pin.sdist}"
+            where = (f"the copy in {cache_dir} had sha256 {damaged} and was deleted" if damaged
+                     else f"it is not in {cache_dir}")
             raise KitError(f"cannot download {pin.sdist} ({pin.package}=={pin.version}, sha256 {pin.sha256}) and "
-                           f"it is not in {cache_dir}: check the network or pip's index options, or put the "
-                           f"file there ({reason})")
+                           f"{where}: check the network or pip's index options, or put the file there ({reason})")
         _verify(downloaded, pin)
         shutil.move(downloaded, cached)
+    if damaged:
+        print(f"{pin.name} {pin.version}: the cached {cached.name} had sha256 {damaged}, not the pinned one: it was "
+              "deleted and downloaded again", file=sys.stderr, flush=True)
     return cached
 
 

@@ -225,10 +225,18 @@ def unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) ->
     """
     base = f"base/{version}"
     check_unapply(repo, version, patch_dir, discard)
+    unexported = False  # whether DISCARD drops commits of the user's, or only the kit's series (issue 22)
+    if discard:
+        try:
+            refuse_if_unexported(repo, version, patch_dir, "unapplying")
+        except KitError:
+            unexported = True
     git(repo, "checkout", "--quiet", "--detach", base)
     if discard:
         git(repo, "branch", "--force", branch(version), base)
-        return f"{repo.name}: at {base} ({rev(repo)[:12]}); commits above it dropped (git reflog still has them)"
+    if unexported:
+        return (f"{repo.name}: at {base} ({rev(repo)[:12]}); commits not in {patch_dir} dropped (git reflog still "
+                "has them)")
     return f"{repo.name}: at {base} ({rev(repo)[:12]}), series not applied"
 
 

@@ -3,8 +3,8 @@
 Flakiness is measured, not guessed (issues 5 and 12): ``python -m scripts.stress --repeat N [--load L] [--on WHAT]
 [PATHS]`` runs pytest on PATHS (default ``tests/accelerate``, the 2-process Gloo suite) N times, each run through
 scripts/launch.py (timeout, stack dumps), while L busy processes (``while True: pass``) compete for the CPUs. WHAT
-is the code under test: ``checkouts`` (default: the editable installs, the checkouts as they are), ``base`` (a work
-tree of each upstream at ``base/<version>``) or ``series`` (a work tree with ``patches/<name>/`` applied), the
+is the code under test: ``checkouts`` (default: the editable installs, the checkouts as they are), ``base`` (a tree
+of each upstream at ``base/<version>``) or ``series`` (a tree with ``patches/<name>/`` applied), the
 trees first on ``PYTHONPATH`` as in the gate.
 
 With ``--scenario NAME`` (repeatable) a run is instead one 2-process launch of
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         for name in sources.names():
-            worktree.remove(KIT_ROOT / "upstream" / name, args.out / "trees" / name)
+            worktree.remove(args.out / "trees" / name)
     timeouts = sum(c["timeout"] for c in counts.values())
     doc = write_report(args, counts, regression, hung, walls, code)
     print(f"stress: {doc['not_passed']} test results not passed ({timeouts} of them timeouts) in {len(walls)} runs "

@@ -1,16 +1,18 @@
-"""Throw-away ``git worktree``s of an upstream checkout: where the gate's stages and the bench's base side run.
+"""Throw-away trees of an upstream checkout: where the gate's stages, ``make stress`` and the bench's base side run.
 
-A work tree is detached (no branch is made or moved) and lives under a root directory of the kit's ``build/``; the
-checkout itself (its HEAD, index, work tree, branches and tags) is never written. What git does write into the
-checkout's ``.git`` is the work tree's administrative entry (``.git/worktrees/<id>``) and the objects of commits
-made in the work tree, which no ref keeps. Hooks of the user's are not run (``core.hooksPath=/dev/null``).
+A tree is a repository of its own under a root directory of the kit's ``build/``: ``git clone --shared
+--no-checkout`` of the checkout (its objects are read through ``objects/info/alternates``, nothing is copied),
+then a detached checkout of the commit asked for. Nothing is written into the checkout: not its HEAD, index, work
+tree, branches or tags, and no ``git worktree`` record (issue 22: ``git worktree list`` of the checkout stays as it
+was, even when a run is killed). Commits made in a tree (``git am``) are objects of the tree's own repository;
+removing the tree is removing its directory. Hooks of the user's are not run (``core.hooksPath=/dev/null``).
 """
 
 import shutil
 from pathlib import Path
 
-from scripts import KitError, series
-from scripts.git import git
+from scripts import series
+from scripts.git import git, rev
 
 # Environment of every git command in a work tree: no hooks of the user's, no rerere.
 NO_HOOKS = {"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "core.hooksPath", "GIT_CONFIG_VALUE_0": "/dev/null",
@@ -31,29 +33,29 @@ def listed(repo: Path) -> list[Path]:
 
 
 def clean(repo: Path, root: Path) -> None:
-    """Remove every work tree of ``repo`` under ``root`` (leftovers of a run that was killed) and git's records of
-    them; work trees elsewhere are left alone. Raises KitError when git fails."""
+    """Remove ``root`` (trees of a run that was killed) and the ``git worktree`` records of ``repo`` under it (the
+    kit made its trees so before issue 22); work trees elsewhere are left alone. Raises KitError when git fails."""
     root = root.resolve()
-    for path in listed(repo):
-        if path.resolve().is_relative_to(root):
-            git(repo, "worktree", "remove", "--force", "--force", str(path), check=False)
-            shutil.rmtree(path, ignore_errors=True)
-    git(repo, "worktree", "prune")
+    stale = [path for path in listed(repo) if path.resolve().is_relative_to(root)]
+    for path in stale:
+        git(repo, "worktree", "remove", "--force", "--force", str(path), check=False)
+    if stale:
+        git(repo, "worktree", "prune")
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def add(repo: Path, path: Path, commit: str) -> Path:
-    """A new detached work tree of ``repo`` at ``commit`` in ``path`` (anything there first removed); returns path.
+    """A new tree of ``repo`` (a shared clone, see above) at ``commit`` in ``path`` (anything there first removed),
+    detached; returns path.
 
     A fresh directory every time, so that no bytecode (``__pycache__``) of another tree or run can be imported
     (issue 12: a ``.pyc`` is trusted when the source's mtime and size match, which two same-sized versions written
     within one second do). Raises KitError when git cannot make it.
     """
-    if path.exists():
-        git(repo, "worktree", "remove", "--force", "--force", str(path), check=False)
-        shutil.rmtree(path, ignore_errors=True)
-        git(repo, "worktree", "prune")
+    shutil.rmtree(path, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    git(repo, "worktree", "add", "--quiet", "--detach", str(path), commit, env=NO_HOOKS)
+    git(repo, "clone", "--quiet", "--shared", "--no-checkout", str(repo.resolve()), str(path), env=NO_HOOKS)
+    git(path, "checkout", "--quiet", "--detach", rev(repo, commit), env=NO_HOOKS)
     return path
 
 
@@ -71,11 +73,6 @@ def apply_series(tree: Path, patches: list[Path]) -> str:
     return f"{series._failed_patch(output, patches)}{series._failed_file(output)}"
 
 
-def remove(repo: Path, path: Path) -> None:
-    """Remove the work tree ``path`` of ``repo`` and git's record of it; never raises."""
-    try:
-        git(repo, "worktree", "remove", "--force", "--force", str(path), check=False)
-        shutil.rmtree(path, ignore_errors=True)
-        git(repo, "worktree", "prune", check=False)
-    except (KitError, OSError):
-        pass
+def remove(path: Path) -> None:
+    """Remove the tree ``path`` (its directory: no record of it exists elsewhere); never raises."""
+    shutil.rmtree(path, ignore_errors=True)

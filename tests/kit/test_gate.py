@@ -184,7 +184,8 @@ def test_sigkill_in_the_middle_of_a_stage_leaves_the_checkout_as_it_was(kit, cap
     while not mark.exists() and time.monotonic() < deadline:
         assert proc.poll() is None, "the gate ended before its stage reached the sleeping test"
         time.sleep(0.1)
-    assert len(worktree.listed(kit.repo)) == 2  # the stages' trees exist: the gate is in the middle of a stage
+    assert (kit.root / "out" / "trees" / "after" / "tiny").is_dir()  # the gate is in the middle of a stage
+    assert worktree.listed(kit.repo) == []  # and its trees are not work trees of the checkout (issue 22)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert state(kit.repo) == before

@@ -102,7 +102,7 @@ def test_interrupt_leaves_nothing_and_says_where_the_checkouts_are(tmp_path, sig
     left, err = interrupt(run, sig, to_group)
     assert left == []
     assert "Traceback" not in err
-    assert err.splitlines()[-1].startswith("make gate: interrupted (") and "; checkouts: " in err.splitlines()[-1]
+    assert err.splitlines()[-1].startswith("make gate: interrupted; ") and "; checkouts: " in err.splitlines()[-1]
 
 
 def test_interruptible_stops_its_children_and_returns_130(capsys, monkeypatch):
@@ -145,7 +145,8 @@ def test_interrupt_probe_counts_what_a_run_leaves_and_the_wrapper_leaves_nothing
     """scripts/interrupt_probe.py, the measurement of issue 14: a bare command leaves its orphan, the wrapper not."""
     env = outside_run(tmp_path)
     orphaning = ["sh", "-c", "setsid sleep 30 & sleep 3"]
-    probe = [sys.executable, "-m", "scripts.interrupt_probe", "--points=1", "--duration=2", "--grace=1", "--"]
+    probe = [sys.executable, "-m", "scripts.interrupt_probe", "--points=1", "--duration=2", "--grace=1",
+             f"--out={tmp_path / 'probe'}", "--"]
     bare = subprocess.run([*probe, *orphaning], cwd=KIT_ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert bare.returncode == 1 and "1 process" in bare.stdout.splitlines()[-1], bare.stdout
     wrapped = subprocess.run([*probe, sys.executable, "-m", "scripts.runlock", "--name=x", "--", *orphaning],

@@ -1,0 +1,75 @@
+"""Issue 22, item 4: long runs say what they are doing, at most one line per period and none in a short run.
+
+The periods are shortened here (``--progress-every``, ``--say-every``, ``gate.PROGRESS_S``) so that the tests take
+seconds; the kit uses 30 s.
+"""
+
+import re
+import subprocess
+import sys
+
+from scripts import gate
+from scripts.sources import KIT_ROOT
+from tests.kit.test_gate import GOOD, make_series, write_kit
+from tests.kit.test_runlock import outside_run
+
+SUITE = '''import os, signal, time
+
+
+def test_fast():
+    pass
+
+
+def test_slow():
+    time.sleep(2.5)
+
+
+def test_last():
+    if os.environ.get("INTERRUPT"):
+        os.kill(os.getpid(), signal.SIGINT)
+'''
+
+
+def pytest_run(tmp_path, *options: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_progress",
+                           "-q", f"--rootdir={tmp_path}", *options, str(tmp_path / "test_suite.py")], cwd=KIT_ROOT,
+                          capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_pytest_says_tests_done_of_total_every_period(tmp_path):
+    result = pytest_run(tmp_path, "--progress-every=1")
+    assert result.returncode == 0, result.stdout
+    lines = re.findall(r"^progress: (\d+)/3 tests done, 0 failed, (\d+) s$", result.stdout, re.M)
+    assert 1 <= len(lines) <= 3, result.stdout  # the slow test takes 2.5 s: about two lines, not a flood
+    assert lines[0][0] == "1"
+
+
+def test_pytest_says_nothing_in_a_short_run(tmp_path):
+    result = pytest_run(tmp_path, "--progress-every=30")
+    assert result.returncode == 0 and "progress:" not in result.stdout
+
+
+def test_gate_prints_each_stage_progress_every_period(kit, capsys, monkeypatch):
+    make_series(kit, fix=True)
+    slow = {**GOOD, "guard": "assert tiny.VALUE in (1, 2)\n    __import__('time').sleep(2.5)"}
+    argv = write_kit(kit, slow)
+    monkeypatch.setattr(gate, "PROGRESS_S", 1.0)
+    capsys.readouterr()
+    assert gate.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "gate: stages before, after started" in out
+    lines = re.findall(r"^gate: \d+ s: before (.*); after (.*)$", out, re.M)
+    assert lines, out
+    assert any(re.fullmatch(r"\d+/\d+ tests done \(\d+ failed\)", stage) for line in lines for stage in line), lines
+
+
+def test_runlock_says_what_a_quiet_command_does_every_period(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "scripts.runlock", "--name", "make apply", "--say",
+                             "installing torch", "--say-every=1", "--", "sleep", "2.5"], cwd=KIT_ROOT,
+                            env=outside_run(tmp_path), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    lines = result.stderr.splitlines()
+    assert lines[0] == "make apply: installing torch"
+    assert 1 <= len(lines[1:]) <= 3 and all(re.fullmatch(r"make apply: still installing torch \(\d s\)", line)
+                                            for line in lines[1:]), lines
