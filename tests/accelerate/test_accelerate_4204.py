@@ -100,7 +100,8 @@ def test_epoch0_partition_after_early_state_dict(launch_dir, seeding, num_worker
     first epoch; the fix must not leave it there.
     """
     rank0, rank1 = ranks(launch_dir, f"state-dict-first-{seeding}-nw{num_workers}")
-    assert rank0["state_dict_type"] == rank1["state_dict_type"] == "dict"
+    types = [rank0["state_dict_type"], rank1["state_dict_type"]]
+    assert types == ["dict", "dict"], f"an early state_dict() returned {types} on ranks 0, 1, not dicts"
     assert_partition(rank0["epochs"][0], rank1["epochs"][0], "epoch 0 after an early state_dict()")
 
 

@@ -134,8 +134,11 @@ def test_release_loads_a_state_of_the_series_as_its_own(pristine, num_workers, s
     the release wrote at the same point: the state format is unchanged."""
     of_series = resumed(pristine, num_workers, state_after(data_loader_module, num_workers, stop_after))
     of_release = resumed(pristine, num_workers, state_after(pristine, num_workers, stop_after))
-    assert len(of_release) == NUM_SAMPLES // 2 - stop_after * BATCH_SIZE, of_release
-    assert of_series == of_release
+    expected = NUM_SAMPLES // 2 - stop_after * BATCH_SIZE
+    assert len(of_release) == expected, f"the release resumed its own state with {len(of_release)} samples"
+    assert of_series == of_release, (
+        f"the release resumes a state of the series with {of_series[:8]}..., its own state with {of_release[:8]}..."
+    )
 
 
 def global_rng_after_prepare(module, num_workers, stateful):
