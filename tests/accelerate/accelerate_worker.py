@@ -411,7 +411,8 @@ for _name, _config in USER_CODE_CONFIGS.items():
 
 def main():
     out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
-    use_forkserver(["torch", "torchdata.stateful_dataloader"])  # before Gloo starts (gh-112275)
+    # before Gloo starts (gh-112275); the modules this script imports
+    use_forkserver(["torch", "torchdata.stateful_dataloader", "accelerate", "psutil", "tests.rank_worker"])
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
 

@@ -106,7 +106,8 @@ def main():
     # compatible (deepspeed/comm/torch.py build_shm_op): on Linux that op would be compiled at the first
     # init_distributed, minutes of C++ build that add nothing to what these tests check.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    use_forkserver(["torch"])  # the DataLoader workers of num_workers2 (gh-112275), before Gloo starts
+    # the DataLoader workers of num_workers2 (gh-112275), before Gloo starts; the modules this script imports
+    use_forkserver(["torch", "deepspeed", "deepspeed.comm", "scenarios", "tests.rank_worker"])
     deepspeed.init_distributed("gloo")
     run_scenarios(
         out_dir,
