@@ -79,6 +79,14 @@ class Upstream:
         return worktree.package_dir(self.trees[stage], self.package)
 
 
+def fail_to_pass_ids(gate: dict) -> list[str]:
+    """The upstream FAIL_TO_PASS node ids of a ``[<name>.gate]`` table: its flat ``fail_to_pass`` (a series of one
+    commit), or those of all its ``[[<name>.gate.commits]]`` (a series of several, judged here as one block)."""
+    if "fail_to_pass" in gate:
+        return list(gate["fail_to_pass"])
+    return [test for commit in gate.get("commits", []) for test in commit["fail_to_pass"]]
+
+
 def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
     """The selected upstreams from the pins file; raise KitError when one is unknown, has no checkout or base, or
     declares an unknown check."""
@@ -98,7 +106,7 @@ def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
         if check not in CHECKS:
             raise KitError(f"[{name}.releases.\"{pin.version}\"] check = {check!r}: use one of {', '.join(CHECKS)}")
         ups.append(Upstream(pin, repo, args.patches / name, list(gate.get("upstream_tests", [])),
-                            list(gate.get("fail_to_pass", [])), list(gate.get("launch", [])), check,
+                            fail_to_pass_ids(gate), list(gate.get("launch", [])), check,
                             release.get("reason", "")))
     return ups
 

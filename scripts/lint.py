@@ -5,7 +5,8 @@ checkout (series applied) on the ``.py`` files the series adds or changes, with 
 tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requirements/tools.txt); each such
 file must start with the ``header`` regex. Per patch: it applies to the base with whitespace errors fatal
 (``git apply --cached --whitespace=error`` into a temporary index), and its message has a subject of at most
-72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO). The kit's own
+72 characters, a body, a ``Fixes #N`` line (``Fixes #<...>`` for a bug report not filed yet, with a note) and a
+``Signed-off-by:`` trailer (DeepSpeed's DCO). The kit's own
 code: ``ruff check`` with the kit's pyproject.toml, and the GitHub Actions workflows against the workflow
 schema that check-jsonschema ships. Prints one line per problem; exit status 0 when clean.
 """
@@ -21,6 +22,8 @@ from scripts import KitError, plural, runlock, series, sources
 from scripts.git import git
 
 SUBJECT_MAX = 72
+# A follow-up commit whose bug report is not filed upstream yet names it in angle brackets: `Fixes #<what it is>`.
+FIXES_UNFILED = r"^Fixes #<[^>\n]+>$"
 # The identity the kit's own series is signed with; whoever opens the pull request re-signs it as themselves.
 PLACEHOLDER_SIGNOFF = "Signed-off-by: Contribution Kit <contribution-kit@users.noreply.github.com>"
 
@@ -30,6 +33,13 @@ def placeholder_notes(patch_dir: Path) -> list[str]:
     return [f"note: {p.name} is signed off by the kit's placeholder identity: run `make export RESIGN=1` to sign "
             f"it as yourself before you open the pull request" for p in series.patch_files(patch_dir)
             if PLACEHOLDER_SIGNOFF in p.read_text(errors="replace")]
+
+
+def unfiled_issue_notes(patch_dir: Path) -> list[str]:
+    """Return a note for each patch of ``patch_dir`` whose ``Fixes #<...>`` names a bug report not filed yet."""
+    return [f"note: {p.name} says `Fixes #<...>`: file its bug report upstream (the kit's docs/issues/) and put "
+            f"the issue's number there before you open the pull request" for p in series.patch_files(patch_dir)
+            if re.search(FIXES_UNFILED, p.read_text(errors="replace"), re.M)]
 
 
 def message_problems(patch: Path) -> list[str]:
@@ -44,7 +54,7 @@ def message_problems(patch: Path) -> list[str]:
     prose = [line for line in body.splitlines() if line.strip() and not re.match(r"^[\w-]+: ", line)]
     if not prose:
         problems.append("commit message has no body")
-    if not re.search(r"^Fixes #\d+", body, re.M):
+    if not re.search(r"^Fixes #\d+", body, re.M) and not re.search(FIXES_UNFILED, body, re.M):
         problems.append("no `Fixes #N` line")
     if not re.search(r"^Signed-off-by: .+ <[^>]+@[^>]+>$", body, re.M):
         problems.append("no `Signed-off-by: Name <email>` trailer (DCO)")
@@ -127,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         for name, pin in pins.items():
             found = lint_upstream(pin, table[name], args.checkouts / name, args.patches / name, args.tools)
             report(f"lint {name} {pin.version}", found)
-            for note in placeholder_notes(args.patches / name):
+            for note in placeholder_notes(args.patches / name) + unfiled_issue_notes(args.patches / name):
                 print(f"  {note}")
             failed |= bool(found)
         if not args.only:
