@@ -13,12 +13,15 @@ Tests marked ``regression("deepspeed", 8787)`` reproduce the bug or a demand on 
 and pass with the series. Besides exact resume they cover every sampler state in the wild: the series' own; the
 shape of the open PRs #8406 and #8425 (the generator's ``bit_generator.state`` under ``"np_rng_state"``), which the
 base rejects; the legacy one (numpy's global RandomState tuple only), which must load, restart the sampler's
-stream from the seed, warn once on global rank 0 and leave numpy's global RNG alone; and loading with
+stream from the seed, warn once on global rank 0 and leave numpy's global RNG alone, as must a state of another bit
+generator under either key; ``state_dict()`` is a snapshot that later sampling leaves as it was; and loading with
 ``torch.load(weights_only=True)``, torch's default since 2.6 and what DeepSpeed's Fast and Decoupled checkpoint
-engines call (DeepSpeed #8500). The other tests are guards that pass on both: the scenarios really cross an epoch,
-a cluster reshuffle and several difficulty clusters; the data-parallel slicing follows the group's size; a state
-written now loads in the pristine release's own ``load_state_dict`` (imported from the base tree); the seed
-matters.
+engines call (DeepSpeed #8500). The test marked ``regression("deepspeed", "cluster-files")`` (the series' second
+commit) restarts from a state older than a cluster reshuffle, with the same ``data_cluster_path``: it fails while
+``reshuffle_clusters()`` rewrites the cluster file in place (line 247). The other tests are guards that pass on
+both: the scenarios really cross an epoch, a cluster reshuffle and several difficulty clusters; the data-parallel
+slicing follows the group's size; a state written now loads in the pristine release's own ``load_state_dict``
+(imported from the base tree); the seed matters.
 
 Every resumed run is compared with an uninterrupted run of the same configuration (no hard-coded batches), and
 the state goes through ``torch.save``/``torch.load`` as it does in a checkpoint. The collectives are stubbed
