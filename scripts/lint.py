@@ -23,7 +23,7 @@ from scripts.git import git
 
 SUBJECT_MAX = 72
 # A follow-up commit whose bug report is not filed upstream yet names it in angle brackets: `Fixes #<what it is>`.
-FIXES_UNFILED = r"^Fixes #<[^>\n]+>$"
+FIXES_UNFILED = r"^Fixes #<.+>$"
 # The identity the kit's own series is signed with; whoever opens the pull request re-signs it as themselves.
 PLACEHOLDER_SIGNOFF = "Signed-off-by: Contribution Kit <contribution-kit@users.noreply.github.com>"
 

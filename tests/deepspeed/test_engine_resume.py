@@ -75,7 +75,7 @@ def assert_resumed_exactly(result, step):
         f"rank {result['rank']}: restarted from the checkpoint after micro-batch {start - 1} (step {step}; the run "
         f"died after step {SAVE_AT[-1]}); micro-batch {start + index} is the first to differ from the uninterrupted "
         f"run ({index} matched after the restart): restarted {after[index]}, uninterrupted {expected[index]}; "
-        f"{sum(a != b for a, b in zip(expected, after))} of {len(expected)} differ"
+        f"{sum(a != b for a, b in zip(expected, after, strict=False))} of {len(expected)} differ"
     )
 
 
@@ -83,7 +83,8 @@ def assert_resumed_exactly(result, step):
 @pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
 @pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters"])
 def test_engine_resume_from_last_checkpoint_matches_uninterrupted_run(launches, nproc, scenario):
-    """After ``engine.load_checkpoint()`` of the last checkpoint every rank trains on the uninterrupted run's batches."""
+    """After ``engine.load_checkpoint()`` of the last checkpoint every rank trains on the uninterrupted run's
+    batches."""
     for result in rank_results(launches(nproc), nproc, scenario):
         assert_resumed_exactly(result, SAVE_AT[-1])
 
