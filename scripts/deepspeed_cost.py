@@ -11,9 +11,9 @@ per item an int32 size, an int64 pointer and an int64 document index (indexed_da
 ``MMapIndexedDataset.Index.writer``). The script computes that for 10^8 samples and checks the formula against the
 bytes a run of ``--samples`` samples (single cluster) leaves on disk after ``--epochs`` epochs.
 
-Time: seconds per curriculum step (one global batch drawn and sliced) of the sampler of the pristine release
-(``base/<version>``, read with git from ``upstream/deepspeed`` and imported beside the installed module), of the
-installed one, and of the installed one tracking the DataLoader's prefetch (commit 3, what
+Time: CPU seconds of this process per curriculum step (one global batch drawn and sliced) of the sampler of the
+pristine release (``base/<version>``, read with git from ``upstream/deepspeed`` and imported beside the installed
+module), of the installed one, and of the installed one tracking the DataLoader's prefetch (commit 3, what
 ``data_sampling.num_workers > 0`` turns on), all in this process, reported as ratios to the pristine release.
 The sampler's two collectives are replaced by no-ops (one process, global rank 0). Prints a table; with ``--json``
 also writes the numbers there. Raises SystemExit with a one-line message when the checkout has no base.
@@ -86,15 +86,16 @@ def directory_bytes(path: str) -> int:
 
 
 def run(sampler, steps: int, consume: bool) -> float:
-    """Seconds per step over ``steps`` micro-batches (one per global batch here); ``consume``: call
+    """CPU seconds of this process per step (``time.process_time``: other jobs on the machine count less than in
+    wall time) over ``steps`` micro-batches (one per global batch here); ``consume``: call
     ``batch_consumed()`` after each, as DeepSpeedDataLoader does with workers."""
     batches = iter(sampler)
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(steps):
         next(batches)
         if consume:
             sampler.batch_consumed()
-    return (time.perf_counter() - start) / steps
+    return (time.process_time() - start) / steps
 
 
 def main(argv=None) -> int:
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
           f"{numbers['computed_bytes_per_reshuffle']} computed from the file format")
     print(f"disk: 10^8 samples: {numbers['bytes_per_reshuffle_1e8_samples']} bytes per reshuffle "
           f"({numbers['bytes_per_reshuffle_1e8_samples'] / 1e6:.1f} MB)")
-    print(f"time per step ({steps} steps of micro-batch {args.micro_batch}, one rank):")
+    print(f"CPU time per step ({steps} steps of micro-batch {args.micro_batch}, one rank):")
     for label, value in seconds.items():
         print(f"  {label:32} {value * 1e6:9.1f} us   x{numbers['ratio_to_pristine'][label]:.3f}")
     if args.json:
