@@ -58,8 +58,9 @@ def pristine_sampler_class():
     from deepspeed.runtime.data_pipeline.data_sampling import data_sampler
 
     version = deepspeed.__version__.strip().split("+")[0]
-    shown = subprocess.run(["git", "-C", str(CHECKOUT), "show", f"base/{version}:{SAMPLER_PATH}"],
-                           capture_output=True, text=True)
+    shown = subprocess.run(
+        ["git", "-C", str(CHECKOUT), "show", f"base/{version}:{SAMPLER_PATH}"], capture_output=True, text=True
+    )
     if shown.returncode != 0:
         raise SystemExit(f"no base/{version} in {CHECKOUT}: run `make apply` first")
     path = Path(tempfile.mkdtemp(prefix="pristine-")) / "pristine_data_sampler.py"
@@ -73,11 +74,25 @@ def pristine_sampler_class():
 
 def make_sampler(cls, cluster_dir: str, samples: int, micro_batch: int, epochs: int):
     """A single-cluster curriculum sampler of class ``cls`` on global rank 0, one data-parallel rank."""
-    metric = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
-              "max_difficulty": 3, "schedule_type": "fixed_discrete",
-              "schedule_config": {"difficulty": [1, 2, 3], "max_step": [3, 6]}}
-    config = {"seed": 1234, "data_sampling": {"num_epochs": epochs + 1, "curriculum_learning": {
-        "enabled": True, "data_cluster_path": cluster_dir, "curriculum_metrics": {"difficulty": metric}}}}
+    metric = {
+        "clustering_type": "single_cluster",
+        "difficulty_type": "value",
+        "min_difficulty": 1,
+        "max_difficulty": 3,
+        "schedule_type": "fixed_discrete",
+        "schedule_config": {"difficulty": [1, 2, 3], "max_step": [3, 6]},
+    }
+    config = {
+        "seed": 1234,
+        "data_sampling": {
+            "num_epochs": epochs + 1,
+            "curriculum_learning": {
+                "enabled": True,
+                "data_cluster_path": cluster_dir,
+                "curriculum_metrics": {"difficulty": metric},
+            },
+        },
+    }
     return cls(config, samples, micro_batch, 0, 1, SimpleNamespace(size=lambda: 1), 1, 0)
 
 
@@ -116,8 +131,11 @@ def main(argv=None) -> int:
     numbers = {"samples": args.samples, "micro_batch": args.micro_batch, "steps": steps}
     with tempfile.TemporaryDirectory() as root:
         seconds = {}
-        for label, cls, track in (("0.19.8", pristine, False), ("series", DeepSpeedDataSampler, False),
-                                  ("series, tracking the prefetch", DeepSpeedDataSampler, True)):
+        for label, cls, track in (
+            ("0.19.8", pristine, False),
+            ("series", DeepSpeedDataSampler, False),
+            ("series, tracking the prefetch", DeepSpeedDataSampler, True),
+        ):
             cluster_dir = os.path.join(root, label.replace(" ", "_").replace(",", ""))
             sampler = make_sampler(cls, cluster_dir, args.samples, args.micro_batch, args.epochs)
             if track:
@@ -127,16 +145,23 @@ def main(argv=None) -> int:
                 files = sorted(os.listdir(cluster_dir))
                 reshuffles = sum(name.endswith(".bin") for name in files) - 1
                 measured = (directory_bytes(cluster_dir) - reshuffle_bytes(args.samples)) / max(reshuffles, 1)
-                numbers.update(reshuffles=reshuffles, measured_bytes_per_reshuffle=measured,
-                               computed_bytes_per_reshuffle=reshuffle_bytes(args.samples))
+                numbers.update(
+                    reshuffles=reshuffles,
+                    measured_bytes_per_reshuffle=measured,
+                    computed_bytes_per_reshuffle=reshuffle_bytes(args.samples),
+                )
     numbers["bytes_per_reshuffle_1e8_samples"] = reshuffle_bytes(10**8)
     numbers["seconds_per_step"] = seconds
     numbers["ratio_to_pristine"] = {label: seconds[label] / seconds["0.19.8"] for label in seconds}
-    print(f"disk: {numbers['reshuffles']} reshuffles of a single cluster of {args.samples} samples: "
-          f"{numbers['measured_bytes_per_reshuffle']:.0f} bytes each on disk, "
-          f"{numbers['computed_bytes_per_reshuffle']} computed from the file format")
-    print(f"disk: 10^8 samples: {numbers['bytes_per_reshuffle_1e8_samples']} bytes per reshuffle "
-          f"({numbers['bytes_per_reshuffle_1e8_samples'] / 1e6:.1f} MB)")
+    print(
+        f"disk: {numbers['reshuffles']} reshuffles of a single cluster of {args.samples} samples: "
+        f"{numbers['measured_bytes_per_reshuffle']:.0f} bytes each on disk, "
+        f"{numbers['computed_bytes_per_reshuffle']} computed from the file format"
+    )
+    print(
+        f"disk: 10^8 samples: {numbers['bytes_per_reshuffle_1e8_samples']} bytes per reshuffle "
+        f"({numbers['bytes_per_reshuffle_1e8_samples'] / 1e6:.1f} MB)"
+    )
     print(f"CPU time per step ({steps} steps of micro-batch {args.micro_batch}, one rank):")
     for label, value in seconds.items():
         print(f"  {label:32} {value * 1e6:9.1f} us   x{numbers['ratio_to_pristine'][label]:.3f}")

@@ -109,8 +109,13 @@ def scenario(out_dir, name):
         engine, loader = engine_for(metric, num_workers, cluster_dir)
         engine.load_checkpoint(checkpoints, tag=f"step{step}")
         resumed[str(step)] = train(engine, iter(loader), STEPS_AFTER)
-    return {"uninterrupted": uninterrupted, "died": died, "resumed": resumed, "num_workers": num_workers,
-            "gradient_accumulation": GRADIENT_ACCUMULATION}
+    return {
+        "uninterrupted": uninterrupted,
+        "died": died,
+        "resumed": resumed,
+        "num_workers": num_workers,
+        "gradient_accumulation": GRADIENT_ACCUMULATION,
+    }
 
 
 def main():
