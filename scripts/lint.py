@@ -26,6 +26,8 @@ from scripts.git import git
 SUBJECT_MAX = 72
 # The identity the kit's own series is signed with; whoever opens the pull request re-signs it as themselves.
 PLACEHOLDER_SIGNOFF = "Signed-off-by: Contribution Kit <contribution-kit@users.noreply.github.com>"
+# The line of a follow-up commit whose bug report is written (docs/issues/) but not filed upstream yet
+FIXES_UNFILED = r"^Fixes #<.+>$"
 
 
 def placeholder_notes(patch_dir: Path) -> list[str]:
@@ -33,6 +35,13 @@ def placeholder_notes(patch_dir: Path) -> list[str]:
     return [f"note: {p.name} is signed off by the kit's placeholder identity: run `make export RESIGN=1` to sign "
             f"it as yourself before you open the pull request" for p in series.patch_files(patch_dir)
             if PLACEHOLDER_SIGNOFF in p.read_text(errors="replace")]
+
+
+def unfiled_issue_notes(patch_dir: Path) -> list[str]:
+    """Return a note for each patch of ``patch_dir`` whose ``Fixes #<...>`` names a bug report not filed yet."""
+    return [f"note: {p.name} says `Fixes #<...>`: file its bug report upstream (the kit's docs/issues/) and put "
+            f"the issue's number there before you open the pull request" for p in series.patch_files(patch_dir)
+            if re.search(FIXES_UNFILED, p.read_text(errors="replace"), re.M)]
 
 
 def signoff_problems(patch_dirs: dict[str, Path]) -> list[str]:
@@ -156,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
         for name, pin in pins.items():
             found = lint_upstream(pin, table[name], args.checkouts / name, args.patches / name, args.tools)
             report(f"lint {name} {pin.version}", found)
-            for note in placeholder_notes(args.patches / name):
+            for note in placeholder_notes(args.patches / name) + unfiled_issue_notes(args.patches / name):
                 print(f"  {note}")
             failed |= bool(found)
         if not args.only:

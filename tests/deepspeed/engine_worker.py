@@ -7,9 +7,12 @@ curriculum data sampling, ``engine.save_checkpoint()`` and, in a new engine, ``e
 Sample ``i`` of the dataset is the tensor ``[i]``, so each micro-batch tells which samples it holds.
 
 For each scenario this rank writes ``OUT_DIR/<scenario>.rank<N>.json``: the sample ids of every micro-batch of an
-uninterrupted run (``uninterrupted``), of a run stopped after ``STEPS_BEFORE_SAVE`` optimizer steps and saved
-(``before``) and of a new engine that loaded that checkpoint (``after``). This script only records; the parent test
-compares and asserts. A scenario that raises records its traceback instead.
+uninterrupted run (``uninterrupted``); of a run that saves a checkpoint after each of ``SAVE_AT`` optimizer steps,
+trains on past cluster reshuffles and new clusters, and dies right after its last checkpoint (``died``); and, for
+each of its checkpoints, of a new engine that loads it with the same ``data_cluster_path`` and trains
+``STEPS_AFTER`` steps (``resumed``, keyed by the checkpoint's step; the last checkpoint is loaded first, as a
+restarted job does, then the older one). This script only records; the parent test compares and asserts. A
+scenario that raises records its traceback instead.
 """
 
 import os
@@ -26,8 +29,10 @@ from tests.rank_worker import run_scenarios, use_forkserver  # noqa: E402
 
 MICRO_BATCH = 2
 GRADIENT_ACCUMULATION = 2
-STEPS_BEFORE_SAVE = 5  # optimizer steps before the checkpoint; the run passes an epoch and a reshuffle after it
-STEPS_AFTER = 10  # optimizer steps compared after the resume
+# Optimizer steps after which the run saves a checkpoint. Up to the first no cluster is reshuffled yet; between the
+# two the run passes an epoch, a reshuffle of every scenario's clusters and (several_clusters) two new clusters.
+SAVE_AT = (3, 14)
+STEPS_AFTER = 6  # optimizer steps each restart trains
 # name: (difficulty metric, data_sampling.num_workers)
 SCENARIOS = {
     "single_cluster": (SINGLE_CLUSTER, 0),
@@ -71,10 +76,9 @@ def engine_for(metric, num_workers, cluster_dir):
     return engine, loader
 
 
-def train(engine, loader, steps):
-    """``steps`` optimizer steps; returns the sample ids of every micro-batch."""
+def train(engine, batches, steps):
+    """``steps`` optimizer steps on the iterator ``batches``; returns the sample ids of every micro-batch."""
     seen = []
-    batches = iter(loader)
     for _ in range(steps * GRADIENT_ACCUMULATION):
         batch = next(batches)
         seen.append([int(i) for i in batch[:, 0]])
@@ -88,16 +92,30 @@ def scenario(out_dir, name):
     metric, num_workers = SCENARIOS[name]
     root = os.path.join(out_dir, name)
     engine, loader = engine_for(metric, num_workers, os.path.join(root, "clusters-uninterrupted"))
-    uninterrupted = train(engine, loader, STEPS_BEFORE_SAVE + STEPS_AFTER)
+    uninterrupted = train(engine, iter(loader), SAVE_AT[-1] + STEPS_AFTER)
 
-    cluster_dir = os.path.join(root, "clusters-resumed")
+    cluster_dir = os.path.join(root, "clusters")
+    checkpoints = os.path.join(root, "checkpoints")
     engine, loader = engine_for(metric, num_workers, cluster_dir)
-    before = train(engine, loader, STEPS_BEFORE_SAVE)
-    engine.save_checkpoint(os.path.join(root, "checkpoint"), tag="saved")
-    engine, loader = engine_for(metric, num_workers, cluster_dir)
-    engine.load_checkpoint(os.path.join(root, "checkpoint"), tag="saved")
-    after = train(engine, loader, STEPS_AFTER)
-    return {"uninterrupted": uninterrupted, "before": before, "after": after, "num_workers": num_workers}
+    batches, died, done = iter(loader), [], 0
+    for step in SAVE_AT:
+        died += train(engine, batches, step - done)
+        engine.save_checkpoint(checkpoints, tag=f"step{step}")
+        done = step
+    del engine, loader, batches  # the run dies right after its last checkpoint
+
+    resumed = {}
+    for step in reversed(SAVE_AT):  # a restarted job loads its last checkpoint; the user may go back further
+        engine, loader = engine_for(metric, num_workers, cluster_dir)
+        engine.load_checkpoint(checkpoints, tag=f"step{step}")
+        resumed[str(step)] = train(engine, iter(loader), STEPS_AFTER)
+    return {
+        "uninterrupted": uninterrupted,
+        "died": died,
+        "resumed": resumed,
+        "num_workers": num_workers,
+        "gradient_accumulation": GRADIENT_ACCUMULATION,
+    }
 
 
 def main():

@@ -13,18 +13,22 @@ Tests marked ``regression("deepspeed", 8787)`` reproduce the bug or a demand on 
 and pass with the series. Besides exact resume they cover every sampler state in the wild: the series' own; the
 shape of the open PRs #8406 and #8425 (the generator's ``bit_generator.state`` under ``"np_rng_state"``), which the
 base rejects; the legacy one (numpy's global RandomState tuple only), which must load, restart the sampler's
-stream from the seed, warn once on global rank 0 and leave numpy's global RNG alone; and loading with
+stream from the seed, warn once on global rank 0 and leave numpy's global RNG alone, as must a state of another bit
+generator under either key; ``state_dict()`` is a snapshot that later sampling leaves as it was; and loading with
 ``torch.load(weights_only=True)``, torch's default since 2.6 and what DeepSpeed's Fast and Decoupled checkpoint
-engines call (DeepSpeed #8500). The other tests are guards that pass on both: the scenarios really cross an epoch,
-a cluster reshuffle and several difficulty clusters; the data-parallel slicing follows the group's size; a state
-written now loads in the pristine release's own ``load_state_dict`` (imported from the base tree); the seed
-matters.
+engines call (DeepSpeed #8500). The test marked ``regression("deepspeed", "cluster-files")`` (the series' second
+commit) restarts from a state older than a cluster reshuffle, with the same ``data_cluster_path``: it fails while
+``reshuffle_clusters()`` rewrites the cluster file in place (line 247). The other tests are guards that pass on
+both: the scenarios really cross an epoch, a cluster reshuffle and several difficulty clusters; the data-parallel
+slicing follows the group's size; a state written now loads in the pristine release's own ``load_state_dict``
+(imported from the base tree); the seed matters.
 
 Every resumed run is compared with an uninterrupted run of the same configuration (no hard-coded batches), and
 the state goes through ``torch.save``/``torch.load`` as it does in a checkpoint. The collectives are stubbed
 (``stub_collectives`` in conftest.py); ``test_engine_resume.py`` runs the engine with real ones.
 """
 
+import copy
 import importlib.util
 import io
 import logging
@@ -322,6 +326,73 @@ def test_open_prs_shape_resumes_exactly(tmp_path, scenario):
 def test_weights_only_load_resumes_exactly(tmp_path, scenario):
     """The state holds only Python built-ins: ``torch.load(weights_only=True)`` reads it and the resume is exact."""
     assert_resume_parity(tmp_path, resume_points=(0, 5, 13), metric=SCENARIOS[scenario], weights_only=True)
+
+
+@pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_state_dict_is_a_snapshot(tmp_path, scenario):
+    """A state taken after 5 batches still equals itself after the sampler goes on past new clusters and a
+    reshuffle: a checkpoint engine that serializes after ``state_dict()`` returns (async or decoupled) stores it."""
+    sampler = make_sampler(tmp_path, "run", SCENARIOS[scenario])
+    take(sampler, 5)
+    state = sampler.state_dict()
+    saved = copy.deepcopy(state)
+    take(sampler, NUM_BATCHES)
+    # "np_rng_state" holds numpy's global RandomState, not the sampler's (an array on the base).
+    changed = sorted(key for key in saved if key != "np_rng_state" and state.get(key) != saved[key])
+    assert not changed, f"the state taken after 5 batches changed with the sampler, keys {changed}"
+
+
+def other_bit_generator_state(state, key):
+    """``state`` with the state of an MT19937 generator (not the sampler's PCG64) under ``key``; under the old key
+    in a state of the old keys only (the open PRs' shape)."""
+    other = dict(state) if key == "np_rng_bit_generator_state" else {name: state[name] for name in OLD_FORMAT_KEYS}
+    other[key] = np.random.Generator(np.random.MT19937(7)).bit_generator.state
+    return other
+
+
+@pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("key", ["np_rng_bit_generator_state", "np_rng_state"])
+def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
+    """A state of another bit generator takes the legacy state's path: it loads, the sampler's stream restarts from
+    the seed, global rank 0 logs one warning, numpy's global RNG is left alone."""
+    sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
+    take(sampler, 5)
+    state = through_checkpoint(other_bit_generator_state(sampler.state_dict(), key))
+    np.random.seed(21)
+    expected_draws = peek_global_numpy_draws()
+    resumed = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
+    handler = WarningRecords()
+    deepspeed_logger.addHandler(handler)
+    try:
+        load(resumed, state, f"MT19937 state under {key!r}")
+    finally:
+        deepspeed_logger.removeHandler(handler)
+    messages = [record.getMessage() for record in handler.records]
+    assert peek_global_numpy_draws() == expected_draws, "load_state_dict() moved numpy's global RNG"
+    assert resumed.np_rng.bit_generator.state == np.random.default_rng(SEED).bit_generator.state
+    assert len(messages) == 1, f"expected one warning from load_state_dict(), got {messages}"
+
+
+@pytest.mark.regression("deepspeed", "cluster-files")
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_resume_from_state_older_than_a_reshuffle(tmp_path, scenario):
+    """A sampler saves at batch 5, goes on past a reshuffle (and new clusters) and dies; a new sampler with the same
+    ``data_cluster_path`` loads the older state and yields the batches of an uninterrupted run."""
+    metric = SCENARIOS[scenario]
+    expected = take(make_sampler(tmp_path, "uninterrupted", metric), NUM_BATCHES)
+    died = make_sampler(tmp_path, "run", metric)
+    head = take(died, 5)
+    state = through_checkpoint(died.state_dict())
+    take(died, NUM_BATCHES)  # past a reshuffle of every scenario (test_scenario_crosses_epoch_reshuffle_and_clusters)
+    resumed = make_sampler(tmp_path, "run", metric)
+    load(resumed, state, "state_dict()")
+    actual = head + take(resumed, NUM_BATCHES - 5)
+    index = first_divergence(expected, actual)
+    assert index is None, (
+        f"restarted from the state of batch index 4 after the run went on: batch index {index} diverged first "
+        f"(uninterrupted {expected[index]}, restarted {actual[index]})"
+    )
 
 
 def builtins_only(value):

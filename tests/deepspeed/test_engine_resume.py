@@ -1,13 +1,23 @@
-"""DeepSpeed #8787 through the engine: ``save_checkpoint()`` / ``load_checkpoint()`` with curriculum data sampling.
+"""DeepSpeed #8787 and its two follow-ups through the engine: ``save_checkpoint()`` / ``load_checkpoint()`` with
+curriculum data sampling.
 
 No stubs: each launch runs ``engine_worker.py`` under ``torch.distributed.run --standalone`` (a free port) with
 ``DS_ACCELERATOR=cpu`` and ``deepspeed.init_distributed("gloo")``, once with 1 rank and once with 2 ranks (real Gloo
 collectives: the sampler's ``barrier`` and ``broadcast``, the engine's gradient all-reduce). Every test reads the
 results of these two launches; each launch has a timeout and is killed with all its processes, and pytest-xdist
-workers share them. The worker defines the scenarios: a tiny model trains ``STEPS_BEFORE_SAVE`` optimizer steps,
-saves a checkpoint, and a new engine loads it and trains on; its micro-batches are compared with an uninterrupted
-run. Tests marked ``regression`` fail on the base (the sampler's generator restarts from the seed, engine.py line
-4709 -> data_sampler.py line 334) and pass with the series.
+workers share them. The worker defines the scenarios: a tiny model trains, saves a checkpoint after each of
+``SAVE_AT`` optimizer steps, trains on past cluster reshuffles and new clusters between them, and dies right after
+the last one; a new engine loads each checkpoint in turn with the same ``data_cluster_path`` and trains on. Its
+micro-batches are compared with an uninterrupted run.
+
+Tests marked ``regression("deepspeed", 8787)`` resume from the last checkpoint and fail on the base (the sampler's
+generator restarts from the seed, engine.py line 4709 -> data_sampler.py line 334). Those marked
+``regression("deepspeed", "cluster-files")`` resume from the older checkpoint and fail while
+``reshuffle_clusters()`` rewrites the cluster files in place (data_sampler.py lines 240-250): the restart reads the
+permutation of a reshuffle that happened after its checkpoint. Those marked ``regression("deepspeed",
+"io-workers")`` run with ``data_sampling.num_workers = 2`` and fail while the checkpoint holds the sampler's state
+as of the DataLoader's prefetch (dataloader.py lines 129-139): the resume goes on ``num_workers * prefetch_factor``
+micro-batches later.
 """
 
 import os
@@ -17,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from scripts import launch
+from tests.deepspeed.scenarios import ONE_EPOCH
 from tests.launched import launch_once, rank_results
 
 WORKER = Path(__file__).with_name("engine_worker.py")
@@ -26,8 +37,7 @@ LAUNCHES = {
     1: ["single_cluster", "several_clusters"],
     2: ["single_cluster", "several_clusters", "several_clusters-num_workers2"],
 }
-PREFETCH_FACTOR = 2  # torch DataLoader's default: each worker keeps this many batches in flight
-regression = pytest.mark.regression("deepspeed", 8787)
+SAVE_AT = (3, 14)  # engine_worker.SAVE_AT: the older checkpoint and the last one
 
 
 def _launch(out_dir, nproc):
@@ -53,35 +63,61 @@ def first_difference(expected, actual):
     return None if len(expected) == len(actual) else min(len(expected), len(actual))
 
 
-def assert_resumed_from(result, skipped):
-    """The resumed run is the uninterrupted one, ``skipped`` micro-batches after the checkpoint."""
-    before, after, uninterrupted = result["before"], result["after"], result["uninterrupted"]
-    assert before == uninterrupted[: len(before)], f"rank {result['rank']}: the runs differ before the checkpoint"
-    expected = uninterrupted[len(before) + skipped :][: len(after)]
-    index = first_difference(expected, after[: len(expected)])
+def assert_resumed_exactly(result, step):
+    """The run restarted from the checkpoint of optimizer step ``step`` trains on the uninterrupted run's batches."""
+    uninterrupted, died = result["uninterrupted"], result["died"]
+    assert died == uninterrupted[: len(died)], f"rank {result['rank']}: the run that died differs before it died"
+    start = step * result["gradient_accumulation"]
+    after = result["resumed"][str(step)]
+    expected = uninterrupted[start : start + len(after)]
+    index = first_difference(expected, after)
     assert index is None, (
-        f"rank {result['rank']}: checkpoint after micro-batch {len(before) - 1}; micro-batch {len(before) + index} is "
-        f"the first to differ from the uninterrupted run ({index} matched after the resume): resumed {after[index]}, "
-        f"uninterrupted {expected[index]}"
+        f"rank {result['rank']}: restarted from the checkpoint after micro-batch {start - 1} (step {step}; the run "
+        f"died after step {SAVE_AT[-1]}); micro-batch {start + index} is the first to differ from the uninterrupted "
+        f"run ({index} matched after the restart): restarted {after[index]}, uninterrupted {expected[index]}; "
+        f"{sum(a != b for a, b in zip(expected, after, strict=False))} of {len(expected)} differ"
     )
 
 
-@regression
+@pytest.mark.regression("deepspeed", 8787)
 @pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
 @pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters"])
-def test_engine_resume_matches_uninterrupted_run(launches, nproc, scenario):
-    """After ``engine.load_checkpoint()`` every rank trains on the micro-batches of the uninterrupted run."""
+def test_engine_resume_from_last_checkpoint_matches_uninterrupted_run(launches, nproc, scenario):
+    """After ``engine.load_checkpoint()`` of the last checkpoint every rank trains on the uninterrupted run's
+    batches."""
     for result in rank_results(launches(nproc), nproc, scenario):
-        assert_resumed_from(result, skipped=0)
+        assert_resumed_exactly(result, SAVE_AT[-1])
 
 
-@regression
-def test_engine_resume_with_workers_skips_the_prefetched_batches(launches):
-    """With ``data_sampling.num_workers > 0`` the resumed run goes on ``num_workers * prefetch_factor`` later.
+@pytest.mark.regression("deepspeed", "cluster-files")
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
+@pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters"])
+def test_engine_resume_from_older_checkpoint_matches_uninterrupted_run(launches, nproc, scenario):
+    """A restart from a checkpoint older than the run's last reshuffles reads what the uninterrupted run read."""
+    for result in rank_results(launches(nproc), nproc, scenario):
+        assert_resumed_exactly(result, SAVE_AT[0])
 
-    The DataLoader's workers pull that many micro-batches from the sampler ahead of the training loop, so the
-    checkpointed sampler state is past them (the PR's "Not covered"). Fails on the base, where the resumed run
-    differs from the uninterrupted one altogether.
-    """
+
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
+@pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters"])
+def test_run_reshuffles_between_the_checkpoints_only(launches, nproc, scenario):
+    """The scenarios test what they claim: no sample is read twice up to the older checkpoint (no reshuffle yet),
+    and by the last checkpoint the ranks together have read more samples than the dataset holds, so every cluster
+    a sample came from more than once was reshuffled in between."""
+    results = rank_results(launches(nproc), nproc, scenario)
+    older = SAVE_AT[0] * results[0]["gradient_accumulation"]
+    early = [i for result in results for batch in result["died"][:older] for i in batch]
+    assert len(early) == len(set(early)), "a sample was read twice before the older checkpoint"
+    read = [i for result in results for batch in result["died"] for i in batch]
+    assert len(read) > ONE_EPOCH, f"the run read {len(read)} samples, not more than the {ONE_EPOCH} of an epoch"
+
+
+@pytest.mark.regression("deepspeed", "io-workers")
+@pytest.mark.parametrize("step", SAVE_AT, ids=["older", "last"])
+def test_engine_resume_with_workers_matches_uninterrupted_run(launches, step):
+    """With ``data_sampling.num_workers = 2`` a restart from either checkpoint trains on the uninterrupted run's
+    batches: the checkpoint holds the sampler's state of the micro-batches training consumed, not of the DataLoader's
+    prefetch (``num_workers * prefetch_factor`` = 4 micro-batches ahead with torch's default prefetch factor)."""
     for result in rank_results(launches(2), 2, "several_clusters-num_workers2"):
-        assert_resumed_from(result, skipped=result["num_workers"] * PREFETCH_FACTOR)
+        assert result["num_workers"] == 2
+        assert_resumed_exactly(result, step)
