@@ -201,9 +201,10 @@ def dispatcher_mid_epoch_state_dict(accelerator, rank, num_workers, stop_after=2
 
 
 def log_call(log, event, *_):
-    """Append ``event`` to the file ``log``: one line per call of the user's code, from any process."""
+    """Append ``event`` and the calling process's pid to the file ``log``: one line per call of the user's code, from
+    any process."""
     with open(log, "a") as f:
-        f.write(event + "\n")
+        f.write(f"{event} {os.getpid()}\n")
 
 
 class UserBatchSampler(BatchSampler):
@@ -285,18 +286,20 @@ def user_code_checkpoint(
     skipping 2 batches, ``prepare()``): ``without`` takes no checkpoint; ``with`` takes one before the first batch
     (``accelerator.save_state`` into a directory of this rank, or ``loader.state_dict()``); ``restarted`` loads it
     (``load_state`` or ``load_state_dict``) and asks ``state_dict()`` again before its first batch. Per run: the calls
-    of the user's code during ``prepare()`` and during the checkpoint calls, the random states those calls changed,
-    whether the state asked after loading is the loaded one, and the epochs (two with persistent workers).
+    of the user's code during ``prepare()`` and during the checkpoint calls (made by this process or by a worker
+    started meanwhile: workers that ``prepare()`` started go on prefetching in the background), the random states
+    those calls changed, whether the state asked after loading is the loaded one, and the epochs (two with persistent
+    workers).
     """
     log = os.path.join(out_dir, "calls.log")
     os.makedirs(out_dir, exist_ok=True)
     runs, state = {}, None
 
-    def calls_since(start):
+    def calls_since(start, excluded_pids=()):
         with open(log, "a+") as f:
             f.seek(0)
-            lines = f.read().splitlines()
-        return lines[start:], len(lines)
+            lines = [line.rsplit(" ", 1) for line in f.read().splitlines()]
+        return [event for event, pid in lines[start:] if int(pid) not in excluded_pids], len(lines)
 
     for run in ("without", "with", "restarted"):
         accelerator.free_memory()  # the loader is the accelerator's only one, as in a fresh run
@@ -318,7 +321,7 @@ def user_code_checkpoint(
             )
         )
         calls_in_prepare, start = calls_since(start)
-        before = random_states(generator)
+        before, workers = random_states(generator), live_children()
         result = {"calls_in_prepare": calls_in_prepare}
         if run == "with":
             if use_save_state:
@@ -333,7 +336,7 @@ def user_code_checkpoint(
                 loader.load_state_dict(state)
             result["state_after_load_is_loaded"] = repr(loader.state_dict()) == repr(state)
         after = random_states(generator)
-        result["calls_in_checkpoint"], _ = calls_since(start)
+        result["calls_in_checkpoint"], _ = calls_since(start, workers)
         result["random_states_changed"] = sorted(name for name in before if before[name] != after[name])
         result["epochs"] = [sample_ids(loader) for _ in range(2 if persistent_workers else 1)]
         runs[run] = result

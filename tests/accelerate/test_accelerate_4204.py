@@ -283,7 +283,9 @@ def test_prepare_runs_no_user_code(launch_dir, config):
 @pytest.mark.parametrize("config", sorted(USER_CODE_CONFIGS))
 def test_checkpoint_before_first_batch_runs_no_user_code(launch_dir, config):
     """Guard: a checkpoint before the first batch (``save_state()`` or ``state_dict()``), and loading it in a restarted
-    run followed by another ``state_dict()``, call none of the user's code and start no worker.
+    run followed by another ``state_dict()``, call none of the user's code, in this process or in a worker started
+    meanwhile (on the base, the workers that ``prepare()`` started go on prefetching then: their calls are not the
+    checkpoint's).
 
     Passes on the base, where ``prepare()`` built the iterator; fails with a fix that answers an early ``state_dict()``
     by building an iterator and dropping it (the previous version of the series), which runs the batch sampler once
