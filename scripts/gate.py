@@ -78,6 +78,7 @@ class Upstream:
     names: list = field(default_factory=list)
     trees: dict = field(default_factory=dict)
     heads: dict = field(default_factory=dict)
+    tree_ids: dict = field(default_factory=dict)
     skipped: list = field(default_factory=list)
     problems: list = field(default_factory=list)
 
@@ -251,6 +252,9 @@ def prepare(up: Upstream, root: Path) -> None:
                 commit_all(tree, "gate: the test hunks of the series" if len(up.commits) == 1 else
                            f"gate: the test hunks of commit {commit.number}")
     up.heads = {name: rev(up.trees[name]) for name in up.names}
+    # The stage trees are clones that are deleted afterwards: their commits do not reach the checkout, their tree ids
+    # are what make pr compares with the checkout's HEAD
+    up.tree_ids = {name: git(up.trees[name], "rev-parse", "HEAD^{tree}").stdout.strip() for name in up.names}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -472,7 +476,8 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
     for stage, name in zip(up.stages, up.names, strict=True):
         if name not in done:
             continue
-        g.stages[name] = {"commit": up.heads.get(name, ""), "holds": holds(up, stage)}
+        g.stages[name] = {"commit": up.heads.get(name, ""), "tree": up.tree_ids.get(name, ""),
+                          "holds": holds(up, stage)}
         mine = {k: r for k, r in done[name]["results"].items() if k.startswith((kit_prefix, upstream_prefix))}
         results[name] = mine
         g.imports[name] = check_imports(up, name, done[name]["records"])

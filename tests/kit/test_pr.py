@@ -22,11 +22,16 @@ SERIES_ID = "0123456789ab"
 BODY = "1-set-value-to-2.md"
 
 
+def head_tree(repo) -> str:
+    """The tree id of HEAD, which the gate records for each stage it ran (its commits are made in clones)."""
+    return git(repo, "rev-parse", "HEAD^{tree}").stdout.strip()
+
+
 def entry(repo, name: str, violations: list[str]) -> dict:
     prefix = f"upstream/{name}/"
     tests = {prefix + F2P: {"before": "failed", "after": "passed"}, prefix + NEW_P2P: {"before": "passed",
              "after": "passed"}, prefix + OLD_P2P: {"before": "passed", "after": "passed"}}
-    stages = {"before": {"commit": ""}, "after": {"commit": rev(repo)}}
+    stages = {"before": {"commit": ""}, "after": {"commit": rev(repo), "tree": head_tree(repo)}}
     return {"version": "1.0", "series_id": SERIES_ID, "stages": stages,
             "FAIL_TO_PASS": [prefix + F2P],
             "PASS_TO_PASS": [prefix + NEW_P2P, prefix + OLD_P2P], "tests": tests, "violations": violations}
@@ -154,7 +159,7 @@ def test_a_stack_gets_one_body_per_commit_headed_by_the_stack(pr_kit, monkeypatc
                         more: {"before": "failed", "after": "passed"}}, "violations": []}
     first |= {"commit": 1, "of": 2, "subject": "Set VALUE to 2", "stages": {"before": "stage-0", "after": "stage-1"}}
     report["upstreams"]["tiny"] = {**first, "steps": [dict(first), second],
-                                   "stages": {"stage-2": {"commit": rev(repo)}}}
+                                   "stages": {"stage-2": {"commit": rev(repo), "tree": head_tree(repo)}}}
     (pr_kit.root / "report.json").write_text(json.dumps(report))
     (pr_kit.root / "docs" / "tiny" / "2.md").write_text("# More\n\n{gate}\n\n{reproduce}\n")
     assert run_pr(pr_kit, monkeypatch) == 0
