@@ -18,19 +18,26 @@ NUM_WORKERS = (0, 2, 6)
 DS_SCENARIOS = ("single_cluster", "several_clusters")
 
 
-def bench_accelerate(args: argparse.Namespace, sides: dict[str, Side]) -> dict:
-    """Items 1 and 2: {"settings", "by_workers": {nw: {metric: compare(...)}}, "versions"}; times in seconds."""
-    params = {"num_workers": list(NUM_WORKERS), "samples": args.samples, "batch_size": args.batch_size,
-              "features": 64, "inner": args.inner}
+def repeated_runs(args: argparse.Namespace, sides: dict[str, Side], upstream: str, params: dict) -> dict:
+    """{side: [one child's result per repetition]}: ``args.repeat`` repetitions of ``upstream``'s child on each side,
+    the sides' order alternating; on Ctrl-C, what was measured so far (``cut_short``)."""
     runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     try:
         for repetition in range(args.repeat):
             for name in side_order(repetition):
-                log = args.out / "logs" / f"accelerate-{name}-{repetition}"
-                runs[name].append(run_child(args, sides[name], "accelerate", params, log))
-            print(f"bench: accelerate repetition {repetition + 1}/{args.repeat}", flush=True)
+                log = args.out / "logs" / f"{upstream}-{name}-{repetition}"
+                runs[name].append(run_child(args, sides[name], upstream, params, log))
+            print(f"bench: {upstream} repetition {repetition + 1}/{args.repeat}", flush=True)
     except KeyboardInterrupt:
-        cut_short(args, "accelerate", runs, args.repeat)
+        cut_short(args, upstream, runs, args.repeat)
+    return runs
+
+
+def bench_accelerate(args: argparse.Namespace, sides: dict[str, Side]) -> dict:
+    """Items 1 and 2: {"settings", "by_workers": {nw: {metric: compare(...)}}, "versions"}; times in seconds."""
+    params = {"num_workers": list(NUM_WORKERS), "samples": args.samples, "batch_size": args.batch_size,
+              "features": 64, "inner": args.inner}
+    runs = repeated_runs(args, sides, "accelerate", params)
     metrics = ("prepare_s", "workers_after_prepare", "epoch0_s", "prepare_epoch0_s", "epoch1_s")
     by_workers = {str(nw): {m: compare([r["by_workers"][str(nw)][m] for r in runs["base"]],
                                        [r["by_workers"][str(nw)][m] for r in runs["patched"]]) for m in metrics}
@@ -42,15 +49,7 @@ def bench_deepspeed(args: argparse.Namespace, sides: dict[str, Side]) -> dict:
     """Item 3: {"settings", "by_scenario": {scenario: {metric: compare(...)}}, "versions"}; seconds, batches/s."""
     params = {"scenarios": list(DS_SCENARIOS), "steps": args.steps, "blocks": 5, "warmup": 20,
               "epoch_samples": 1000, "inner": args.roundtrips}
-    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
-    try:
-        for repetition in range(args.repeat):
-            for name in side_order(repetition):
-                log = args.out / "logs" / f"deepspeed-{name}-{repetition}"
-                runs[name].append(run_child(args, sides[name], "deepspeed", params, log))
-            print(f"bench: deepspeed repetition {repetition + 1}/{args.repeat}", flush=True)
-    except KeyboardInterrupt:
-        cut_short(args, "deepspeed", runs, args.repeat)
+    runs = repeated_runs(args, sides, "deepspeed", params)
     metrics = ("batches_per_s", "batches_per_cpu_s", "state_dict_s", "load_state_dict_s", "state_roundtrip_s",
                "state_roundtrip_cpu_s")
     by_scenario = {s: {m: compare([r["by_scenario"][s][m] for r in runs["base"]],

@@ -170,7 +170,7 @@ def stack_header(steps: list[dict], number: int, names: list[str]) -> str:
 
 
 def rev_tree(repo: Path) -> str:
-    """The tree id of HEAD: what the gate's *after* stage must have tested (its commit, made in a clone, is not here)."""
+    """The tree id of HEAD: what the gate's *after* stage must have tested (its commit, made in a clone, is gone)."""
     return git(repo, "rev-parse", "HEAD^{tree}").stdout.strip()
 
 
