@@ -9,8 +9,9 @@ PIP_OPTS ?=
 # Versions of the upstreams (empty: the `version` of upstream/sources.toml).
 DEEPSPEED_VERSION ?=
 ACCELERATE_VERSION ?=
-# pytest-xdist workers and extra pytest arguments for `make test`.
-JOBS ?= auto
+# pytest-xdist workers and extra pytest arguments for `make test`: twice the CPU count, as many of the kit's tests
+# mostly wait (for a launch's timeout, for a child process), and others can use the CPUs meanwhile.
+JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
 # Stages of the gate run side by side, at most GATE_JOBS at once (default: the CPU count).
 GATE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PYTEST_ARGS ?=
@@ -63,8 +64,12 @@ NEED_VENV = test -x $(PY) || { echo "error: $(VENV) does not exist: run make app
 LOCK = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --
 # $(LOCK) that first says what it does, then every 30 s how long it has been at it (pip is quiet for minutes).
 SAY = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --say "$(1)" --
-UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) --version deepspeed=$(DEEPSPEED_VERSION) \
-	--version accelerate=$(ACCELERATE_VERSION) --pip-options="$(PIP_OPTS)" --source $(SOURCE)
+UPSTREAM_ARGS = --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+	--pip-options="$(PIP_OPTS)" --source $(SOURCE)
+UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) $(UPSTREAM_ARGS)
+# The editable installs (pip builds each checkout) and the bytecode of the checkouts, with a line every 30 s.
+INSTALL = $(call SAY,installing the checkouts editable into $(VENV) and compiling them) $(PY) -m scripts.upstream \
+	install $(UPSTREAM_ARGS)
 
 .DEFAULT_GOAL := help
 .PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix lock pr clean \
@@ -118,11 +123,11 @@ apply-ready: check-python
 
 apply: apply-ready $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
 	@$(call UPSTREAM,$(PY),apply)
-	@PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(call UPSTREAM,$(PY),install)
+	@PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(INSTALL)
 
 unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)
 	@$(call UPSTREAM,$(PYTHON),unapply) $(if $(call is_yes,$(DISCARD)),--discard)
-	@test ! -x $(PY) || $(call UPSTREAM,$(PY),install)
+	@test ! -x $(PY) || $(INSTALL)
 
 export: check-python ## regenerate patches/<name>/ from the commits on the base (git format-patch); RESIGN=1 signs as you
 	@$(call UPSTREAM,$(PYTHON),export) $(if $(call is_yes,$(RESIGN)),--resign)
@@ -132,7 +137,7 @@ need-venv:
 	@$(NEED_VENV)
 
 test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
-	@$(LOCK) $(PY) -m pytest -p scripts.pytest_progress --progress-every=30 -n $(JOBS) \
+	@$(LOCK) $(PY) -m pytest -p scripts.pytest_progress --progress-every=30 -n $(JOBS) --dist loadgroup \
 	  --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 
 gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in trees of their own; build/gate/

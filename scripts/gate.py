@@ -93,8 +93,8 @@ class Upstream:
         return self.pin.package.replace("-", "_")
 
     def test_scope(self) -> tuple[str, ...]:
-        """What counts as test code of the series: the ``test_paths`` and the launched scripts."""
-        return (*self.pin.test_paths, *(entry["script"] for entry in self.launches))
+        """What counts as test code of the series: the ``test_paths`` and the launched files."""
+        return (*self.pin.test_paths, *map(sources.launched_file, self.launches))
 
     def package_dir(self, stage: str) -> Path:
         """The directory of the stage's tree that holds the importable package (``src/`` or the tree itself)."""
@@ -120,7 +120,7 @@ def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
         if check not in CHECKS:
             raise KitError(f"[{name}.releases.\"{pin.version}\"] check = {check!r}: use one of {', '.join(CHECKS)}")
         launches = list(gate.get("launch", []))
-        scope = (*pin.test_paths, *(entry["script"] for entry in launches))
+        scope = (*pin.test_paths, *map(sources.launched_file, launches))
         patches = series.patch_files(args.patches / name)
         commits = stack.commits(name, gate, patches, scope) if patches else []
         if check == "fix" and len(commits) > 1:
@@ -263,8 +263,10 @@ def prepare(up: Upstream, root: Path) -> None:
 
 def stage_env(ups: list[Upstream], stage: str, stage_dir: Path) -> dict:
     """The environment of a stage's pytest: the trees first on PYTHONPATH, then the kit; one OpenMP thread; its own
-    TMPDIR; the import record of scripts/launch_site/sitecustomize.py."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    TMPDIR; the import record of scripts/launch_site/sitecustomize.py. Bytecode is written even where
+    ``PYTHONDONTWRITEBYTECODE`` is set: the trees are new, and each of the stage's processes (the ranks and
+    forkservers of its launches) would otherwise compile the upstream anew."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     env["PYTHONPATH"] = os.pathsep.join([*(str(up.package_dir(stage)) for up in ups), str(sources.KIT_ROOT)])
     env["OMP_NUM_THREADS"] = "1"
     env["TMPDIR"] = str(stage_dir / "tmp")
@@ -275,21 +277,33 @@ def stage_env(ups: list[Upstream], stage: str, stage_dir: Path) -> dict:
 
 def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, suites: Path) -> list[str]:
     """The pytest command line of one stage: every upstream's kit suite, upstream tests and launched scripts (those
-    in the stage's tree: a stack's later commits add some)."""
+    in the stage's tree: a stack's later commits add some).
+
+    Without pytest's ``unraisableexception`` plugin, whose last act is a full garbage collection: on a base (the
+    before stages), tests that fail keep DataLoader iterators alive in reference cycles, and collected then, each
+    waits torch's 5 s for every worker before it kills it (about 30 s of a stage). Such an exception only ever makes
+    a warning, which the gate does not judge."""
     paths, launches = [], []
     for up in ups:
         paths.append(str(suites / up.pin.name))
         tree = up.trees[stage]
         paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
-        launches += ["--launch=" + json.dumps({**entry, "script": str(tree / entry["script"]),
-                                               "nproc": entry.get("nproc", 2)})
-                     for entry in up.launches
-                     if entry["script"] not in up.skipped and (tree / entry["script"]).exists()]
-    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
+        launches += ["--launch=" + json.dumps(in_tree(entry, tree)) for entry in up.launches
+                     if (file := sources.launched_file(entry)) not in up.skipped and (tree / file).exists()]
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:unraisableexception",
+            "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
             "-p", "scripts.pytest_progress", f"--progress-file={stage_dir / 'progress'}",
             f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *launches, *paths]
+
+
+def in_tree(entry: dict, tree: Path) -> dict:
+    """A ``launch`` entry for scripts/pytest_launch.py: its path made absolute in ``tree``; a script's ``nproc``
+    defaults to 2."""
+    if "pytest" in entry:
+        return {**entry, "pytest": str(tree / entry["pytest"])}
+    return {**entry, "script": str(tree / entry["script"]), "nproc": entry.get("nproc", 2)}
 
 
 def renamer(ups: list[Upstream], stage: str, root: Path):

@@ -112,7 +112,7 @@ def lint_upstream(pin: sources.Pin, table: dict, repo: Path, patch_dir: Path, to
     base = f"base/{pin.version}"
     require_series(pin, repo, patch_dir)
     patches = series.patch_files(patch_dir)
-    launched = tuple(entry["script"] for entry in table.get("gate", {}).get("launch", []))
+    launched = tuple(map(sources.launched_file, table.get("gate", {}).get("launch", [])))
     commits = stack.commits(pin.name, table.get("gate", {}), patches, (*pin.test_paths, *launched)) if patches else []
     keys = {c.patches[0]: c.key for c in commits if c.key}
     problems = [f"{p.relative_to(patch_dir.parent.parent)}: {m}" for p in patches

@@ -1,13 +1,20 @@
-"""pytest plugin: upstream scripts launched on N processes, run as test items (the gate's ``[<name>.gate] launch``).
+"""pytest plugin: upstream tests that need a process of their own, run as test items (``[<name>.gate] launch``).
 
-``-p scripts.pytest_launch --launch '{"script": PATH, "nproc": N, "env": {NAME: VALUE}}'`` (repeatable; a JSON object,
-as an entry of ``[<name>.gate] launch`` in upstream/sources.toml with the script's path made absolute; ``env``
-optional) adds one test item per script, whose node id is the script's path relative to the rootdir, so its outcome
-lands in the same JUnit XML as the other tests. The item runs ``python -m torch.distributed.run --standalone
---nproc_per_node=N PATH`` with this interpreter and this process's environment (so the stage's ``PYTHONPATH``) plus
-``env``, through ``scripts/launch.py`` (``--launch-timeout``
-seconds, stack dumps of every process before it is killed), in ``--launch-logs``, where its output goes to
-``<script file name>.log``.
+``-p scripts.pytest_launch --launch JSON`` (repeatable; a JSON object, as an entry of ``[<name>.gate] launch`` in
+upstream/sources.toml with its path made absolute; ``env`` optional) adds one test item per entry, so its outcome lands
+in the same JUnit XML as the other tests:
+
+- ``{"script": PATH, "nproc": N, "env": {NAME: VALUE}}``: a script launched on N processes with ``python -m
+  torch.distributed.run --standalone --nproc_per_node=N PATH``; its node id is the script's path relative to the
+  rootdir; its output goes to ``<script file name>.log``.
+- ``{"pytest": "PATH::NODE", "env": {...}}``: one test of the upstream's own suite, run alone in ``python -m pytest
+  PATH::NODE`` from the directory above its ``tests/`` (as the upstream's CI runs it: Accelerate's
+  ``tests/test_cpu.py`` forks processes with ``debug_launcher``, which other tests of a shared process can disturb);
+  its node id is ``PATH::NODE`` with PATH relative to the rootdir; its output goes to ``<file name>-<test name>.log``.
+
+Either runs with this interpreter and this process's environment (so the stage's ``PYTHONPATH``) plus ``env``,
+through ``scripts/launch.py`` (``--launch-timeout`` seconds, stack dumps of every process before it is killed), in
+``--launch-logs``.
 
 Verdict (what upstream CI makes of such a script, e.g. Accelerate's ``tests/test_multidevice.py``): exit status 0
 passed; a non-zero status with ``AssertionError`` in the log failed, the message being the log's last
@@ -45,20 +52,18 @@ def assertion_line(log: str) -> str:
 
 
 class LaunchItem(pytest.Item):
-    """One launched script; ``setup`` launches it, ``runtest`` turns its verdict into an assertion."""
+    """One launched entry; ``setup`` runs ``command`` (from ``cwd``, output to ``log``), ``runtest`` turns its verdict
+    into an assertion."""
 
-    def __init__(self, *, script: Path, nproc: int, env: dict[str, str], **kwargs):
+    def __init__(self, *, path: Path, command: list[str], cwd: Path | None, log: str, env: dict[str, str], **kwargs):
         super().__init__(**kwargs)
-        self.script, self.nproc, self.env, self.assertion, self.log = script, nproc, env, "", None
+        self.path, self.command, self.cwd, self.env, self.assertion = path, command, cwd, env, ""
+        self.log = self.config.getoption("launch_logs") / log
 
     def setup(self) -> None:
-        config = self.config
-        log = config.getoption("launch_logs") / f"{self.script.name}.log"
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
-                   str(self.script)]
-        timeout = config.getoption("launch_timeout")
-        self.log = log
-        result = launch.run(command, log, timeout, cwd=log.parent, env={**os.environ, **self.env})
+        log, timeout = self.log, self.config.getoption("launch_timeout")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        result = launch.run(self.command, log, timeout, cwd=self.cwd or log.parent, env={**os.environ, **self.env})
         if result.timed_out:
             raise LaunchError(f"timed out after {timeout:.0f} s and was killed; the stacks of {result.stacks} "
                               f"processes are at the end of {log}")
@@ -77,19 +82,36 @@ class LaunchItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.script, None, self.name
+        return self.path, None, self.name
+
+
+def item_of(session: pytest.Session, entry: dict) -> LaunchItem:
+    """The test item of one ``--launch`` entry (see the module docstring); raise pytest.UsageError when its file does
+    not exist, KeyError, TypeError or ValueError when the entry is malformed."""
+    rootpath, env = session.config.rootpath, {key: str(val) for key, val in dict(entry.get("env", {})).items()}
+    file, sep, node = (entry["pytest"] if "pytest" in entry else entry["script"]).partition("::")
+    path = Path(file).resolve()
+    if not path.is_file():
+        raise pytest.UsageError(f"--launch: {path} is not a file")
+    name = (path.relative_to(rootpath).as_posix() if path.is_relative_to(rootpath) else str(path)) + sep + node
+    if "pytest" in entry:
+        tree = next(parent.parent for parent in path.parents if parent.name == "tests")
+        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={tree}",
+                   f"{path}{sep}{node}"]
+        log = f"{path.name}-{node.rpartition('::')[2]}.log"
+        return LaunchItem.from_parent(session, name=name, nodeid=name, path=path, command=command, cwd=tree, log=log,
+                                      env=env)
+    nproc = int(entry["nproc"])
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(path)]
+    return LaunchItem.from_parent(session, name=name, nodeid=name, path=path, command=command, cwd=None,
+                                  log=f"{path.name}.log", env=env)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     """Append one LaunchItem per ``--launch`` option; raise pytest.UsageError for a malformed value."""
     for value in config.getoption("launch"):
         try:
-            entry = json.loads(value)
-            path, nproc, env = Path(entry["script"]).resolve(), int(entry["nproc"]), dict(entry.get("env", {}))
-        except (ValueError, TypeError, KeyError) as e:
-            raise pytest.UsageError(f"--launch takes a JSON object with script and nproc, not {value!r} ({e})") from e
-        if not path.is_file():
-            raise pytest.UsageError(f"--launch: {path} is not a file")
-        name = path.relative_to(config.rootpath).as_posix() if path.is_relative_to(config.rootpath) else str(path)
-        items.append(LaunchItem.from_parent(session, name=name, nodeid=name, script=path, nproc=nproc,
-                                            env={key: str(val) for key, val in env.items()}))
+            items.append(item_of(session, json.loads(value)))
+        except (ValueError, TypeError, KeyError, StopIteration) as e:
+            raise pytest.UsageError(f"--launch takes a JSON object with script and nproc, or pytest, not {value!r} "
+                                    f"({e!r})") from e

@@ -84,3 +84,9 @@ def versions(pairs: list[str]) -> dict[str, str]:
 def names(path: Path = SOURCES_FILE) -> list[str]:
     """Return the upstream names declared in ``path``, in file order."""
     return list(load(path))
+
+
+def launched_file(entry: dict) -> str:
+    """The file of a ``[<name>.gate] launch`` entry, a path in the upstream's tree: its ``script``, or the file of its
+    ``pytest`` node id (scripts/pytest_launch.py)."""
+    return entry["script"] if "script" in entry else entry["pytest"].partition("::")[0]

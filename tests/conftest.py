@@ -47,6 +47,12 @@ def checkouts() -> dict[str, str]:
     return found
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """``xdist_group`` (pytest-xdist's marker, which ``make test``'s ``--dist loadgroup`` reads) is known without
+    pytest-xdist too: the gate's stages and a plain ``pytest -p no:xdist`` run the same modules."""
+    config.addinivalue_line("markers", "xdist_group(name): run these tests on one pytest-xdist worker")
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     config.stash[CHECKOUTS] = checkouts()
     return ["checkouts under test:", *(f"  {line}" for line in config.stash[CHECKOUTS].values())]

@@ -11,8 +11,8 @@ and asserts. A scenario that raises records its traceback instead of results and
 
 import contextlib
 import functools
-import gc
 import hashlib
+import multiprocessing.forkserver
 import os
 import random
 import sys
@@ -414,8 +414,9 @@ for _name, _config in USER_CODE_CONFIGS.items():
 
 def main():
     out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
-    # before Gloo starts (gh-112275); the modules this script imports
+    # the modules this script imports; the forkserver starts now, so that live_children() counts workers only
     use_forkserver(["torch", "torchdata.stateful_dataloader", "accelerate", "psutil", "tests.rank_worker"])
+    multiprocessing.forkserver.ensure_running()
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
 
@@ -423,10 +424,7 @@ def main():
         function, args, kwargs = SCENARIOS[name]
         if function in (early_checkpoint, user_code_checkpoint):  # a checkpoint directory per scenario and rank
             kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.rank{rank}.checkpoint"))
-        try:
-            return function(accelerator, rank, *args, **kwargs)
-        finally:
-            gc.collect()  # loaders of this scenario stop their workers now, not during the next one
+        return function(accelerator, rank, *args, **kwargs)
 
     run_scenarios(out_dir, wanted, rank, call, world_size=accelerator.num_processes, accelerate=accelerate.__file__)
     accelerator.end_training()

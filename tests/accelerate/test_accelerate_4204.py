@@ -34,6 +34,9 @@ WORKER = Path(__file__).with_name("accelerate_worker.py")
 NUM_SAMPLES = 96  # accelerate_worker.NUM_SAMPLES
 LAUNCH_TIMEOUT = 600  # seconds for the whole launch; a healthy one takes about 1 to 2 min on 2 busy cores
 regression = pytest.mark.regression("accelerate", 4204)
+# `make test` (pytest-xdist --dist loadgroup) runs every test of the launch on one worker: the other workers go on with
+# other tests instead of waiting for the launch
+pytestmark = pytest.mark.xdist_group("accelerate-launch")
 
 
 def _launch(out_dir):

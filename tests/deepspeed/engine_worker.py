@@ -88,11 +88,21 @@ def train(engine, batches, steps):
     return seen
 
 
+def stop_workers(loader):
+    """Drop the loader's DataLoader iterator, so that its workers (``data_sampling.num_workers``) stop now.
+
+    Left to the garbage collector with the engine's reference cycles, the iterator's queues can be finalized before
+    the iterator, which then waits torch's 5 s ``MP_STATUS_CHECK_INTERVAL`` for each worker that never hears it stop.
+    """
+    loader.data_iterator = None
+
+
 def scenario(out_dir, name):
     metric, num_workers = SCENARIOS[name]
     root = os.path.join(out_dir, name)
     engine, loader = engine_for(metric, num_workers, os.path.join(root, "clusters-uninterrupted"))
     uninterrupted = train(engine, iter(loader), SAVE_AT[-1] + STEPS_AFTER)
+    stop_workers(loader)
 
     cluster_dir = os.path.join(root, "clusters")
     checkpoints = os.path.join(root, "checkpoints")
@@ -102,6 +112,7 @@ def scenario(out_dir, name):
         died += train(engine, batches, step - done)
         engine.save_checkpoint(checkpoints, tag=f"step{step}")
         done = step
+    stop_workers(loader)
     del engine, loader, batches  # the run dies right after its last checkpoint
 
     resumed = {}
@@ -109,6 +120,7 @@ def scenario(out_dir, name):
         engine, loader = engine_for(metric, num_workers, cluster_dir)
         engine.load_checkpoint(checkpoints, tag=f"step{step}")
         resumed[str(step)] = train(engine, iter(loader), STEPS_AFTER)
+        stop_workers(loader)
     return {
         "uninterrupted": uninterrupted,
         "died": died,
@@ -124,7 +136,7 @@ def main():
     # compatible (deepspeed/comm/torch.py build_shm_op): on Linux that op would be compiled at the first
     # init_distributed, minutes of C++ build that add nothing to what these tests check.
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    # the DataLoader workers of num_workers2 (gh-112275), before Gloo starts; the modules this script imports
+    # the DataLoader workers of num_workers2 (gh-112275); the modules this script imports
     use_forkserver(["torch", "deepspeed", "deepspeed.comm", "scenarios", "tests.rank_worker"])
     deepspeed.init_distributed("gloo")
     run_scenarios(

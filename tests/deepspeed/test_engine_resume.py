@@ -38,6 +38,8 @@ LAUNCHES = {
     2: ["single_cluster", "several_clusters", "several_clusters-num_workers2"],
 }
 SAVE_AT = (3, 14)  # engine_worker.SAVE_AT: the older checkpoint and the last one
+# `make test` (pytest-xdist --dist loadgroup) runs every test of the launches on one worker, see test_accelerate_4204
+pytestmark = pytest.mark.xdist_group("deepspeed-launches")
 
 
 def _launch(out_dir, nproc):

@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 
 from scripts import grading, launch
 from scripts.sources import KIT_ROOT
+from tests.kit.patience import patient
 
 PARENT_AND_CHILD = '''
 import subprocess, sys, threading, time
@@ -57,7 +58,7 @@ def pids_in(log: str) -> list[int]:
 def test_timed_out_launch_writes_every_process_stacks_then_kills_them(tmp_path):
     script = tmp_path / "blocks.py"
     script.write_text(PARENT_AND_CHILD)
-    result = launch.run([sys.executable, str(script)], tmp_path / "launch.log", timeout=5)
+    result = launch.run([sys.executable, str(script)], tmp_path / "launch.log", timeout=patient(2))
     assert result.timed_out and result.stacks == 2
     log = result.log.read_text()
     parent, child = log.split("--- kit: stacks of pid")[1:]
@@ -71,7 +72,7 @@ def test_hung_two_process_launch_shows_where_each_rank_waits(tmp_path):
     script.write_text(RANK_1_NEVER_ARRIVES)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = launch.run(command, tmp_path / "launch.log", timeout=40, cwd=tmp_path, env=env)
+    result = launch.run(command, tmp_path / "launch.log", timeout=patient(12), cwd=tmp_path, env=env)
     log = result.log.read_text()
     assert result.timed_out, log[-2000:]
     assert "rank 0 ready" in log and "rank 1 ready" in log, log[-2000:]
@@ -83,7 +84,7 @@ def test_hung_two_process_launch_shows_where_each_rank_waits(tmp_path):
 
 
 def test_jobs_run_side_by_side_within_the_limit(tmp_path):
-    code = "import time; start = time.time(); time.sleep(3); print(start, time.time())"
+    code = f"import time; start = time.time(); time.sleep({patient(1)}); print(start, time.time())"
     jobs = [launch.Job([sys.executable, "-c", code], tmp_path / f"{i}.log", 60) for i in range(4)]
     results = launch.run_all(jobs, parallel=2)
     assert [r.returncode for r in results] == [0, 0, 0, 0]
@@ -100,26 +101,39 @@ LAUNCHED = {
 }
 
 
+ALONE = ("import os\n\n\ndef test_passes():\n    assert os.environ['FROM_THE_ENTRY'] == 'yes'\n\n\n"
+         "def test_fails():\n    assert os.getcwd() == 'elsewhere', f'runs in {os.path.basename(os.getcwd())}'\n")
+
+
 def test_launched_scripts_pass_fail_or_error_in_the_junit_xml(tmp_path):
     tree = tmp_path / "tree"
-    tree.mkdir()
+    (tree / "tests").mkdir(parents=True)
     for name, text in LAUNCHED.items():
         (tree / name).write_text(text)
-    xml = tmp_path / "junit.xml"
+    (tree / "tests" / "alone_check.py").write_text(ALONE)
+    xml, timeout = tmp_path / "junit.xml", patient(8)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_launch", "-q",
-               "-o", "junit_family=xunit1", f"--junitxml={xml}", f"--rootdir={tmp_path}", "--launch-timeout=20",
-               f"--launch-logs={tmp_path / 'logs'}"]
+               "-o", "junit_family=xunit1", f"--junitxml={xml}", f"--rootdir={tmp_path}",
+               f"--launch-timeout={timeout}", f"--launch-logs={tmp_path / 'logs'}"]
     command += [f"--launch={json.dumps({'script': str(tree / name), 'nproc': 2, 'env': {'FROM_THE_ENTRY': 'yes'}})}"
                 for name in LAUNCHED]
+    entries = [{"pytest": f"{tree}/tests/alone_check.py::{test}", "env": {"FROM_THE_ENTRY": "yes"}}
+               for test in ("test_passes", "test_fails")]
+    command += [f"--launch={json.dumps(entry)}" for entry in entries]
     env = {**os.environ, "PYTHONPATH": str(KIT_ROOT), "OMP_NUM_THREADS": "1"}
     result = launch.run(command, tmp_path / "pytest.log", timeout=300, cwd=tmp_path, env=env)
     assert result.returncode == 1, result.tail()
     results = grading.read_junit(xml)
+    alone = "tree/tests/alone_check.py::"
     assert {key: r.outcome for key, r in results.items()} == {
-        "tree/passes.py": "passed", "tree/asserts.py": "failed", "tree/crashes.py": "error", "tree/hangs.py": "error"}
+        "tree/passes.py": "passed", "tree/asserts.py": "failed", "tree/crashes.py": "error", "tree/hangs.py": "error",
+        f"{alone}test_passes": "passed", f"{alone}test_fails": "failed"}
     assert results["tree/asserts.py"].message.startswith("AssertionError: rank 1 disagrees")
+    # a pytest node runs alone, from the directory above its tests/
+    assert results[f"{alone}test_fails"].message.startswith("AssertionError: runs in tree"), results
+    assert grading.is_assertion(results[f"{alone}test_fails"].message)
     assert grading.is_assertion(results["tree/asserts.py"].message)
-    assert "timed out after 20 s" in results["tree/hangs.py"].message
+    assert f"timed out after {timeout:.0f} s" in results["tree/hangs.py"].message
     hang_log = (tmp_path / "logs" / "hangs.py.log").read_text()
     assert hang_log.count("in stuck") == 2  # both ranks' stacks
     root = ET.parse(xml).getroot()
