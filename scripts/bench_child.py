@@ -11,6 +11,10 @@ module it imported so that the parent can check. KIND is one of:
 - ``deepspeed``: ``DeepSpeedDataSampler`` with ``deepspeed.comm.barrier/broadcast`` stubbed as no-ops: batches per
   second over ``steps`` micro-batches, and the time (s) of ``state_dict()`` + ``load_state_dict()``;
 - ``repro-deepspeed``: the minimal DeepSpeed #8787 resume reproduction (30 micro-batches, resume after 15);
+- ``repro-cluster-files``: the minimal reproduction of the DeepSpeed follow-up "cluster-files" (a restart from a state
+  saved before a cluster reshuffle, ``docs/issues/cluster-files.md``);
+- ``repro-io-workers``: the minimal reproduction of the DeepSpeed follow-up "io-workers" (a resume with
+  ``data_sampling.num_workers = 2``, ``docs/issues/io-workers.md``);
 - ``repro-accelerate``: one rank of the minimal Accelerate #4204 reproduction, started by
   ``torch.distributed.run --standalone --nproc_per_node=2``; PARAMS_JSON names the directory of the ranks' results.
 
@@ -246,6 +250,97 @@ def repro_deepspeed(params: dict) -> dict:
     return {"module": data_sampler.__file__, "differing": differing}
 
 
+def repro_cluster_files(params: dict) -> dict:
+    """The "cluster-files" reproduction (docs/issues/cluster-files.md): single cluster of 40 samples, global batch 4
+    (a reshuffle every 10 batches); a job saves its state at batch 8, trains on to batch 13 and dies; a restart with
+    the same ``data_cluster_path`` loads the state and takes 22 batches.
+
+    Returns {"module", "differing": how many of those 22 differ from the uninterrupted run's}.
+    """
+    from deepspeed.runtime.data_pipeline.data_sampling import data_sampler
+    from deepspeed.runtime.data_pipeline.data_sampling.data_sampler import DeepSpeedDataSampler
+
+    stub_collectives()
+    metric = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
+              "max_difficulty": 2, "schedule_type": "fixed_discrete",
+              "schedule_config": {"difficulty": [1, 2], "max_step": [3]}}
+
+    def take(sampler, count):
+        batches = iter(sampler)
+        return [next(batches) for _ in range(count)]
+
+    with tempfile.TemporaryDirectory(prefix="kit-bench-repro-") as tmp:
+
+        def sampler(run):
+            curriculum = {"enabled": True, "data_cluster_path": f"{tmp}/{run}",
+                          "curriculum_metrics": {"difficulty": metric}}
+            config = {"seed": 1234, "data_sampling": {"num_epochs": 100, "curriculum_learning": curriculum}}
+            return DeepSpeedDataSampler(config, 40, 4, 0, 1, FakeGroup(1), 1, 0)
+
+        uninterrupted = take(sampler("uninterrupted"), 30)
+        job = sampler("job")
+        take(job, 8)
+        state = job.state_dict()
+        take(job, 5)
+        restarted = sampler("job")
+        restarted.load_state_dict(state)
+        after = take(restarted, 22)
+    return {"module": data_sampler.__file__,
+            "differing": sum(a != b for a, b in zip(after, uninterrupted[8:], strict=True))}
+
+
+def repro_io_workers(params: dict) -> dict:
+    """The "io-workers" reproduction (docs/issues/io-workers.md): a ``DeepSpeedDataLoader`` with 2 workers saves the
+    sampler's state after 6 micro-batches; a new loader that loads it takes 10.
+
+    Returns {"module", "late": how many micro-batches after the checkpoint the resumed run goes on (None: no
+    offset up to 7 matches)}.
+    """
+    import torch
+    from deepspeed.runtime.constants import DATA_PARALLEL_GROUP, GLOBAL_RANK, GRADIENT_ACCUMULATION_STEPS
+    from deepspeed.runtime.data_pipeline.constants import (
+        CURRICULUM_LEARNING,
+        DATA_EFFICIENCY,
+        DATA_SAMPLING_NUM_WORKERS,
+    )
+    from deepspeed.runtime.data_pipeline.data_sampling import data_sampler
+    from deepspeed.runtime.dataloader import DeepSpeedDataLoader
+
+    stub_collectives()
+    metric = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
+              "max_difficulty": 2, "schedule_type": "fixed_discrete",
+              "schedule_config": {"difficulty": [1, 2], "max_step": [3]}}
+    dataset = [torch.tensor([float(i)]) for i in range(48)]
+
+    def take(loader, count):
+        batches = iter(loader)
+        taken = [next(batches)[:, 0].int().tolist() for _ in range(count)]
+        loader.data_iterator = None  # its workers stop now
+        return taken
+
+    with tempfile.TemporaryDirectory(prefix="kit-bench-repro-") as tmp:
+
+        def loader(run):
+            curriculum = {"enabled": True, "data_cluster_path": f"{tmp}/{run}",
+                          "curriculum_metrics": {"difficulty": metric}}
+            config = {CURRICULUM_LEARNING: True, DATA_PARALLEL_GROUP: FakeGroup(1), GRADIENT_ACCUMULATION_STEPS: 2,
+                      GLOBAL_RANK: 0, DATA_SAMPLING_NUM_WORKERS: 2, DATA_EFFICIENCY: {
+                          "seed": 1234, "data_sampling": {"num_epochs": 100, "curriculum_learning": curriculum}}}
+            return DeepSpeedDataLoader(dataset, batch_size=2, pin_memory=False, local_rank=0, tput_timer=None,
+                                       data_parallel_world_size=1, data_parallel_rank=0,
+                                       deepspeed_dataloader_config=config)
+
+        uninterrupted = take(loader("uninterrupted"), 20)
+        job = loader("job")
+        take(job, 6)
+        state = job.data_sampler.state_dict()
+        resumed = loader("job")
+        resumed.data_sampler.load_state_dict(state)
+        after = take(resumed, 10)
+    late = next((skip for skip in range(8) if after == uninterrupted[6 + skip:16 + skip]), None)
+    return {"module": data_sampler.__file__, "late": late}
+
+
 def repro_accelerate(params: dict) -> None:
     """One rank of the minimal Accelerate #4204 reproduction; writes ``rank<N>.json`` into ``params["out"]``.
 
@@ -270,6 +365,7 @@ def repro_accelerate(params: dict) -> None:
 
 
 KINDS = {"accelerate": accelerate_loaders, "deepspeed": deepspeed_sampler, "repro-deepspeed": repro_deepspeed,
+         "repro-cluster-files": repro_cluster_files, "repro-io-workers": repro_io_workers,
          "repro-accelerate": repro_accelerate}
 
 

@@ -1,8 +1,10 @@
 """``make bench`` items 4 and 5: the gate against its floor F, where the gate's time goes, and a cold ``make apply``.
 
-4. The gate (``python -m scripts.gate``, what ``make gate`` runs) against its floor F: the wall time of the two bare
-   reproductions, one DeepSpeed resume in a fresh Python process plus one 2-process Accelerate launch
-   (``torch.distributed.run --standalone --nproc_per_node=2``), both on the base work trees; reported as gate / F,
+4. The gate (``python -m scripts.gate``, what ``make gate`` runs) against its floor F: the wall time of the bare
+   reproductions of the bugs the series fix, one per pull request (issue 21), each in fresh processes on the base
+   work trees: the DeepSpeed #8787 resume, its two follow-ups (``cluster-files``, ``io-workers``; their bug reports in
+   docs/issues/), one Python process each, and one 2-process Accelerate launch (``torch.distributed.run --standalone
+   --nproc_per_node=2``); reported as gate / F,
    with the gate's per-stage figures from its own report (wall time of each stage's pytest, and of it the seconds
    the JUnit XML gives the kit's tests and the upstream tests; the rest is interpreter start, imports, collection).
    ``--profile-gate`` adds the parts alone: interpreter start, the imports, the gate with its stages one after the
@@ -33,17 +35,24 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def floor_deepspeed(args: argparse.Namespace, side: Side, index: int) -> dict:
-    """The DeepSpeed half of F: the resume reproduction in a fresh process; {"seconds", "differing"}."""
+# The DeepSpeed pull requests' reproductions: {PR key: bench_child kind}; each result holds what it measured besides
+# "module" ("differing" batches, or how many micro-batches "late" the resume goes on).
+DEEPSPEED_REPROS = {"8787": "repro-deepspeed", "cluster-files": "repro-cluster-files",
+                    "io-workers": "repro-io-workers"}
+
+
+def floor_deepspeed(args: argparse.Namespace, side: Side, index: int, kind: str) -> dict:
+    """A DeepSpeed part of F: the reproduction ``kind`` (bench_child) in a fresh process; {"seconds", "cpu_s", and
+    what it measured}."""
     cpu = children_cpu()
-    run = launch.run([str(args.python), str(CHILD), "repro-deepspeed", "{}"],
-                     args.out / "logs" / f"floor-deepspeed-{index}.log", args.timeout, cwd=sources.KIT_ROOT,
+    run = launch.run([str(args.python), str(CHILD), kind, "{}"],
+                     args.out / "logs" / f"floor-{kind}-{index}.log", args.timeout, cwd=sources.KIT_ROOT,
                      env=child_env(side))
-    check(run, "the DeepSpeed reproduction", args.timeout)
+    check(run, f"the DeepSpeed reproduction {kind}", args.timeout)
     line = [x for x in run.log.read_text(errors="replace").splitlines() if x.startswith("BENCH-RESULT ")][-1]
     result = json.loads(line.removeprefix("BENCH-RESULT "))
-    check_module(side, result["module"], "the DeepSpeed reproduction")
-    return {"seconds": run.seconds, "cpu_s": round(children_cpu() - cpu, 1), "differing": result["differing"]}
+    check_module(side, result.pop("module"), f"the DeepSpeed reproduction {kind}")
+    return {"seconds": run.seconds, "cpu_s": round(children_cpu() - cpu, 1), **result}
 
 
 def floor_accelerate(args: argparse.Namespace, side: Side, index: int) -> dict:
@@ -108,22 +117,25 @@ def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
 def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> dict:
     """Item 4: the gate and its floor F, alternating (F first in even repetitions); figures are medians (s)."""
     runs: list[dict] = []
-    # Untimed: checks that both reproductions run, and compiles the base work trees' bytecode before timing.
-    floor_deepspeed(args, sides["deepspeed"]["base"], -1)
+    # Untimed: checks that every reproduction runs, and compiles the base work trees' bytecode before timing.
+    for kind in DEEPSPEED_REPROS.values():
+        floor_deepspeed(args, sides["deepspeed"]["base"], -1, kind)
     floor_accelerate(args, sides["accelerate"]["base"], -1)
     try:
         for index in range(args.gate_repeat):
             entry = {}
             for step in (("floor", "gate") if index % 2 == 0 else ("gate", "floor")):
                 if step == "floor":
-                    print("bench: the floor F (the two bare reproductions)", flush=True)
-                    entry["deepspeed"] = floor_deepspeed(args, sides["deepspeed"]["base"], index)
+                    print(f"bench: the floor F (the {len(DEEPSPEED_REPROS) + 1} bare reproductions)", flush=True)
+                    entry["deepspeed"] = {key: floor_deepspeed(args, sides["deepspeed"]["base"], index, kind)
+                                          for key, kind in DEEPSPEED_REPROS.items()}
                     entry["accelerate"] = floor_accelerate(args, sides["accelerate"]["base"], index)
                 else:
                     print("bench: the gate (python -m scripts.gate; a few minutes)", flush=True)
                     entry["gate"] = run_gate(args, str(index))
-            entry["F_s"] = entry["deepspeed"]["seconds"] + entry["accelerate"]["seconds"]
-            entry["F_cpu_s"] = entry["deepspeed"]["cpu_s"] + entry["accelerate"]["cpu_s"]
+            floors = [*entry["deepspeed"].values(), entry["accelerate"]]
+            entry["F_s"] = round(sum(floor["seconds"] for floor in floors), 1)
+            entry["F_cpu_s"] = round(sum(floor["cpu_s"] for floor in floors), 1)
             runs.append(entry)
             print(f"bench: gate repetition {index + 1}/{args.gate_repeat}: gate {entry['gate']['seconds']:.1f} s "
                   f"({entry['gate']['verdict']}), F {entry['F_s']:.1f} s", flush=True)
@@ -133,7 +145,8 @@ def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> d
     stages = {stage: {label: med(r["gate"]["stages"].get(stage, {}).get(label, 0.0) for r in runs)
                       for label in figures} for stage, figures in runs[0]["gate"]["stages"].items()}
     return {"runs": runs, "gate_s": med(r["gate"]["seconds"] for r in runs), "F_s": med(r["F_s"] for r in runs),
-            "deepspeed_repro_s": med(r["deepspeed"]["seconds"] for r in runs),
+            "deepspeed_repro_s": {key: med(r["deepspeed"][key]["seconds"] for r in runs)
+                                  for key in DEEPSPEED_REPROS},
             "accelerate_repro_s": med(r["accelerate"]["seconds"] for r in runs),
             "gate_over_F": round(med(r["gate"]["seconds"] / r["F_s"] for r in runs), 2),
             "gate_cpu_s": med(r["gate"]["cpu_s"] for r in runs), "F_cpu_s": med(r["F_cpu_s"] for r in runs),
@@ -224,35 +237,41 @@ def targets(gate: dict | None) -> list[dict]:
 
 
 def stages_table(stages: dict) -> list[str]:
-    """A table of per-stage figures {stage: {label: s}} (wall time first)."""
-    labels = [label for label in next(iter(stages.values()), {}) if label != "wall_s"]
+    """A table of per-stage figures {stage: {label: s}} (wall time first); a stage without a label's figure (a stage
+    of a stack in which only one upstream runs) shows "-" there."""
+    labels = list(dict.fromkeys(label for figures in stages.values() for label in figures if label != "wall_s"))
     md = ["| stage | pytest wall s | " + " | ".join(f"{label} s" for label in labels) +
           " | start, imports, collection s |", "|---" * (len(labels) + 3) + "|"]
     for stage, figures in stages.items():
-        rest = figures["wall_s"] - sum(figures[label] for label in labels)
-        md.append(f"| {stage} | {figures['wall_s']:.1f} | " + " | ".join(f"{figures[label]:.1f}" for label in labels)
-                  + f" | {rest:.1f} |")
+        rest = figures["wall_s"] - sum(figures.get(label, 0.0) for label in labels)
+        cells = [f"{figures[label]:.1f}" if label in figures else "-" for label in labels]
+        md.append(f"| {stage} | {figures['wall_s']:.1f} | " + " | ".join(cells) + f" | {rest:.1f} |")
     return md
 
 
 def gate_markdown(g: dict) -> list[str]:
     """The report's section of item 4."""
     return ["## The gate against its floor F (item 4)", "",
-            "F = one DeepSpeed resume reproduction in a fresh Python process + one 2-process Accelerate reproduction "
-            "(`torch.distributed.run --standalone --nproc_per_node=2`, 2 workers), both on the base work trees; the "
-            f"gate is `python -m scripts.gate` (as `make gate`: both stages side by side). {len(g['runs'])} "
-            "repetitions, alternating.", "",
+            "F = one bare reproduction per pull request of the series, on the base work trees: the DeepSpeed #8787 "
+            "resume, the `cluster-files` restart and the `io-workers` resume (each in a fresh Python process), and "
+            "one 2-process Accelerate #4204 reproduction (`torch.distributed.run --standalone --nproc_per_node=2`, 2 "
+            f"workers); the gate is `python -m scripts.gate` (as `make gate`: its stages side by side). "
+            f"{len(g['runs'])} repetitions, alternating.", "",
             "| figure | median s | runs s |", "|---|---|---|",
             f"| gate | {g['gate_s']:.1f} | {runs_cell(r['gate']['seconds'] for r in g['runs'])} |",
             f"| F | {g['F_s']:.1f} | {runs_cell(r['F_s'] for r in g['runs'])} |",
-            f"| DeepSpeed reproduction | {g['deepspeed_repro_s']:.1f} | "
-            f"{runs_cell(r['deepspeed']['seconds'] for r in g['runs'])} |",
+            *(f"| DeepSpeed reproduction `{key}` | {seconds:.1f} | "
+              f"{runs_cell(r['deepspeed'][key]['seconds'] for r in g['runs'])} |"
+              for key, seconds in g["deepspeed_repro_s"].items()),
             f"| Accelerate 2-process reproduction | {g['accelerate_repro_s']:.1f} | "
             f"{runs_cell(r['accelerate']['seconds'] for r in g['runs'])} |",
             "", f"**gate / F = {g['gate_over_F']:.2f}** (median of per-repetition ratios; goal <= 3). Gate "
             f"verdicts: {', '.join(str(v) for v in g['verdicts'])}. Reproductions on the base: DeepSpeed batches "
-            f"differing after the resume {[r['deepspeed']['differing'] for r in g['runs']]} of 15; Accelerate "
-            f"samples missing in epoch 0 {[r['accelerate']['missing'] for r in g['runs']]} of {REPRO_SAMPLES}.", "",
+            f"differing after the #8787 resume {[r['deepspeed']['8787']['differing'] for r in g['runs']]} of 15, "
+            f"after the cluster-files restart {[r['deepspeed']['cluster-files']['differing'] for r in g['runs']]} of "
+            f"22 (on the base the #8787 bug shows there too); io-workers resume late by "
+            f"{[r['deepspeed']['io-workers']['late'] for r in g['runs']]} micro-batches; Accelerate samples missing "
+            f"in epoch 0 {[r['accelerate']['missing'] for r in g['runs']]} of {REPRO_SAMPLES}.", "",
             f"CPU time (user + system, all processes): gate {g['gate_cpu_s']:.1f} s, F {g['F_cpu_s']:.1f} s, "
             f"gate CPU / F CPU = {g['gate_cpu_over_F_cpu']:.2f}; on {os.cpu_count()} cores the gate needs at least "
             f"{g['gate_cpu_s'] / (os.cpu_count() or 1):.1f} s of wall time even with nothing else running, F's wall "

@@ -34,7 +34,7 @@ WORKER = Path(__file__).with_name("engine_worker.py")
 LAUNCH_TIMEOUT = 300  # s per launch: 20-50 s on 2 cores
 # Scenarios of engine_worker.SCENARIOS per number of ranks.
 LAUNCHES = {
-    1: ["single_cluster", "several_clusters"],
+    1: ["single_cluster", "several_clusters", "several_clusters-num_workers2"],
     2: ["single_cluster", "several_clusters", "several_clusters-num_workers2"],
 }
 SAVE_AT = (3, 14)  # engine_worker.SAVE_AT: the older checkpoint and the last one
@@ -115,11 +115,12 @@ def test_run_reshuffles_between_the_checkpoints_only(launches, nproc, scenario):
 
 
 @pytest.mark.regression("deepspeed", "io-workers")
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
 @pytest.mark.parametrize("step", SAVE_AT, ids=["older", "last"])
-def test_engine_resume_with_workers_matches_uninterrupted_run(launches, step):
+def test_engine_resume_with_workers_matches_uninterrupted_run(launches, nproc, step):
     """With ``data_sampling.num_workers = 2`` a restart from either checkpoint trains on the uninterrupted run's
     batches: the checkpoint holds the sampler's state of the micro-batches training consumed, not of the DataLoader's
     prefetch (``num_workers * prefetch_factor`` = 4 micro-batches ahead with torch's default prefetch factor)."""
-    for result in rank_results(launches(2), 2, "several_clusters-num_workers2"):
+    for result in rank_results(launches(nproc), nproc, "several_clusters-num_workers2"):
         assert result["num_workers"] == 2
         assert_resumed_exactly(result, step)
