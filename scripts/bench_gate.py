@@ -269,8 +269,9 @@ def gate_markdown(g: dict) -> list[str]:
             f"verdicts: {', '.join(str(v) for v in g['verdicts'])}. Reproductions on the base: DeepSpeed batches "
             f"differing after the #8787 resume {[r['deepspeed']['8787']['differing'] for r in g['runs']]} of 15, "
             f"after the cluster-files restart {[r['deepspeed']['cluster-files']['differing'] for r in g['runs']]} of "
-            f"22 (on the base the #8787 bug shows there too); io-workers resume late by "
-            f"{[r['deepspeed']['io-workers']['late'] for r in g['runs']]} micro-batches; Accelerate samples missing "
+            f"22; the io-workers resume goes on {[r['deepspeed']['io-workers']['late'] for r in g['runs']]} "
+            "micro-batches late (None: at no offset up to 7; on the base the #8787 bug shows in both follow-ups' "
+            "reproductions too); Accelerate samples missing "
             f"in epoch 0 {[r['accelerate']['missing'] for r in g['runs']]} of {REPRO_SAMPLES}.", "",
             f"CPU time (user + system, all processes): gate {g['gate_cpu_s']:.1f} s, F {g['F_cpu_s']:.1f} s, "
             f"gate CPU / F CPU = {g['gate_cpu_over_F_cpu']:.2f}; on {os.cpu_count()} cores the gate needs at least "
