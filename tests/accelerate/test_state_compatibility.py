@@ -167,5 +167,5 @@ def test_plain_dataloader_as_in_the_release(pristine, num_workers):
         epochs = [ids(loader), ids(loader)]
         runs.append((epochs, torch.random.get_rng_state()))
     (release_epochs, release_rng), (series_epochs, series_rng) = runs
-    assert series_epochs == release_epochs
-    assert torch.equal(series_rng, release_rng)
+    assert series_epochs == release_epochs, "without use_stateful_dataloader the series yields other epochs"
+    assert torch.equal(series_rng, release_rng), "without use_stateful_dataloader the series draws other numbers"

@@ -310,8 +310,10 @@ def test_legacy_state_restarts_from_seed_and_leaves_global_numpy_rng_alone(tmp_p
     assert index is None, f"loading a legacy state moved numpy's global RNG (first changed draw: index {index})"
     # The legacy state holds nothing of the sampler's generator: it starts from the seed; the pending micro-batch
     # of the saved global batch still comes out as in the uninterrupted run.
-    assert resumed.np_rng.bit_generator.state == np.random.default_rng(SEED).bit_generator.state
-    assert take(resumed, 1) == expected_batches[5:6]
+    assert resumed.np_rng.bit_generator.state == np.random.default_rng(SEED).bit_generator.state, (
+        "after a legacy state the sampler's generator does not start from the seed"
+    )
+    assert take(resumed, 1) == expected_batches[5:6], "the pending micro-batch of the saved global batch changed"
 
 
 @pytest.mark.regression("deepspeed", 8787)
@@ -370,7 +372,9 @@ def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
         deepspeed_logger.removeHandler(handler)
     messages = [record.getMessage() for record in handler.records]
     assert peek_global_numpy_draws() == expected_draws, "load_state_dict() moved numpy's global RNG"
-    assert resumed.np_rng.bit_generator.state == np.random.default_rng(SEED).bit_generator.state
+    assert resumed.np_rng.bit_generator.state == np.random.default_rng(SEED).bit_generator.state, (
+        "after a state of another bit generator the sampler's generator does not start from the seed"
+    )
     assert len(messages) == 1, f"expected one warning from load_state_dict(), got {messages}"
 
 
@@ -423,7 +427,8 @@ def test_state_dict_holds_only_python_builtins(tmp_path, scenario, schedule):
     sampler = make_sampler(tmp_path, "saved", metric)
     take(sampler, 13)  # past a cluster reshuffle: cluster positions have been recomputed
     state = sampler.state_dict()
-    assert not [key for key, value in state.items() if not builtins_only(value)], state
+    other = {key: type(value).__name__ for key, value in state.items() if not builtins_only(value)}
+    assert not other, f"the state holds values that are not Python built-ins: {other}"
 
 
 def pristine_sampler_class(tmp_path):
@@ -461,9 +466,11 @@ def test_state_dict_loads_in_the_pristine_release(tmp_path):
     np.random.random_sample(3)
     pristine_class = pristine_sampler_class(tmp_path)
     pristine = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS, sampler_class=pristine_class)
-    assert type(pristine).state_dict is not DeepSpeedDataSampler.state_dict
+    assert type(pristine).state_dict is not DeepSpeedDataSampler.state_dict, "the pristine sampler is the series'"
     load(pristine, state, "state_dict() read by the pristine release")
-    assert peek_global_numpy_draws() == expected
+    assert peek_global_numpy_draws() == expected, (
+        "the pristine release's load_state_dict() did not put numpy's global RNG back to the state saved"
+    )
 
 
 def test_open_prs_shape_fails_in_the_pristine_release(tmp_path):
@@ -509,9 +516,9 @@ def test_scenario_crosses_epoch_reshuffle_and_clusters(
     monkeypatch.setattr(DeepSpeedDataSampler, "reshuffle_clusters", counting_reshuffle)
     sampler = make_sampler(tmp_path, "run", SCENARIOS[scenario], dp_size=dp_size, micro_batch_size=micro_batch_size)
     take(sampler, NUM_BATCHES)
-    assert sampler.curriculum_step * sampler.global_batch_size > ONE_EPOCH
+    assert sampler.curriculum_step * sampler.global_batch_size > ONE_EPOCH, "the run did not pass an epoch"
     assert reshuffled, "no cluster was reshuffled"
-    assert len(sampler.data_clusters) == clusters
+    assert len(sampler.data_clusters) == clusters, f"{len(sampler.data_clusters)} clusters, not {clusters}"
 
 
 def test_data_parallel_ranks_slice_the_global_batch(tmp_path):
@@ -524,5 +531,6 @@ def test_data_parallel_ranks_slice_the_global_batch(tmp_path):
         for rank in range(3)
     ]
     joined = [sum((per_rank[index] for per_rank in slices), []) for index in range(NUM_BATCHES)]
-    assert joined == whole
-    assert all(len(batch) == 2 for per_rank in slices for batch in per_rank)
+    first = next((index for index, (a, b) in enumerate(zip(joined, whole, strict=True)) if a != b), None)
+    assert first is None, f"the ranks' slices of global batch {first} join to {joined[first]}, not {whole[first]}"
+    assert all(len(batch) == 2 for per_rank in slices for batch in per_rank), "a rank's slice is not 2 samples"

@@ -122,5 +122,5 @@ def test_engine_resume_with_workers_matches_uninterrupted_run(launches, nproc, s
     batches: the checkpoint holds the sampler's state of the micro-batches training consumed, not of the DataLoader's
     prefetch (``num_workers * prefetch_factor`` = 4 micro-batches ahead with torch's default prefetch factor)."""
     for result in rank_results(launches(nproc), nproc, "several_clusters-num_workers2"):
-        assert result["num_workers"] == 2
+        assert result["num_workers"] == 2, f"rank {result['rank']} ran with {result['num_workers']} workers, not 2"
         assert_resumed_exactly(result, step)
