@@ -10,10 +10,13 @@ in the same JUnit XML as the other tests:
 - ``{"pytest": "PATH::NODE", "env": {...}}``: one test of the upstream's own suite, run alone in ``python -m pytest
   PATH::NODE`` from the directory above its ``tests/`` (as the upstream's CI runs it: Accelerate's
   ``tests/test_cpu.py`` forks processes with ``debug_launcher``, which other tests of a shared process can disturb);
-  its node id is ``PATH::NODE`` with PATH relative to the rootdir; its output goes to ``<file name>-<test name>.log``.
+  its node id is ``PATH::NODE`` with PATH relative to the rootdir; its output goes to ``<PATH::NODE, made a file
+  name>.log``, its JUnit XML beside it. It passes only when every test it selected passed: a test skipped or
+  xfailed there makes the item skipped (a violation for the gate), no test selected makes it an error.
 
 Either runs with this interpreter and this process's environment (so the stage's ``PYTHONPATH``) plus ``env``,
-through ``scripts/launch.py`` (``--launch-timeout`` seconds, stack dumps of every process before it is killed), in
+through ``scripts/launch.py`` (``--launch-timeout`` seconds, or the entry's own ``timeout``; stack dumps of every
+process before it is killed), in
 ``--launch-logs``.
 
 Verdict (what upstream CI makes of such a script, e.g. Accelerate's ``tests/test_multidevice.py``): exit status 0
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import launch
+from scripts import KitError, grading, launch, sources
 
 
 class LaunchError(Exception):
@@ -39,7 +42,9 @@ class LaunchError(Exception):
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kit launch")
     group.addoption("--launch", action="append", default=[], metavar="JSON",
-                    help='a script launched with torch.distributed.run as one test item: {"script", "nproc", "env"}')
+                    help='one test item that runs in a process of its own: a script launched with '
+                         'torch.distributed.run, {"script", "nproc", "env"}, or one upstream test run alone, '
+                         '{"pytest": "PATH::NODE", "env"}')
     group.addoption("--launch-logs", type=Path, default=Path("launch-logs"),
                     help="working directory of the launches and of their logs")
     group.addoption("--launch-timeout", type=float, default=300.0, help="seconds per launch (default 300)")
@@ -55,13 +60,18 @@ class LaunchItem(pytest.Item):
     """One launched entry; ``setup`` runs ``command`` (from ``cwd``, output to ``log``), ``runtest`` turns its verdict
     into an assertion."""
 
-    def __init__(self, *, path: Path, command: list[str], cwd: Path | None, log: str, env: dict[str, str], **kwargs):
+    def __init__(self, *, path: Path, command: list[str], cwd: Path | None, log: str, env: dict[str, str],
+                 timeout: float | None, **kwargs):
         super().__init__(**kwargs)
-        self.path, self.command, self.cwd, self.env, self.assertion = path, command, cwd, env, ""
+        self.path, self.cwd, self.env, self.assertion = path, cwd, env, ""
+        self.timeout = timeout or self.config.getoption("launch_timeout")
         self.log = self.config.getoption("launch_logs") / log
+        # a pytest run writes its JUnit XML beside the log, which setup reads (a skip is not a pass)
+        self.junit = self.log.with_suffix(".xml") if command[1:3] == ["-m", "pytest"] else None
+        self.command = [*command, f"--junitxml={self.junit}"] if self.junit else command
 
     def setup(self) -> None:
-        log, timeout = self.log, self.config.getoption("launch_timeout")
+        log, timeout = self.log, self.timeout
         log.parent.mkdir(parents=True, exist_ok=True)
         result = launch.run(self.command, log, timeout, cwd=self.cwd or log.parent, env={**os.environ, **self.env})
         if result.timed_out:
@@ -71,6 +81,13 @@ class LaunchItem(pytest.Item):
         if result.returncode and not self.assertion:
             raise LaunchError(f"exit status {result.returncode} without an AssertionError; log {log}:\n"
                               f"{result.tail(2000)}")
+        if self.junit and not result.returncode:
+            outcomes = {key: r.outcome for key, r in grading.read_junit(self.junit).items()}
+            if not outcomes:
+                raise LaunchError(f"its pytest run selected no test; log {log}")
+            not_passed = {key: outcome for key, outcome in outcomes.items() if outcome != "passed"}
+            if not_passed:
+                pytest.skip(f"skipped or xfailed in its own process: {not_passed} (log {log})")
 
     def runtest(self) -> None:
         if self.assertion:
@@ -89,22 +106,23 @@ def item_of(session: pytest.Session, entry: dict) -> LaunchItem:
     """The test item of one ``--launch`` entry (see the module docstring); raise pytest.UsageError when its file does
     not exist, KeyError, TypeError or ValueError when the entry is malformed."""
     rootpath, env = session.config.rootpath, {key: str(val) for key, val in dict(entry.get("env", {})).items()}
-    file, sep, node = (entry["pytest"] if "pytest" in entry else entry["script"]).partition("::")
-    path = Path(file).resolve()
+    timeout = float(entry["timeout"]) if "timeout" in entry else None
+    path = Path(sources.launched_file(entry)).resolve()
     if not path.is_file():
         raise pytest.UsageError(f"--launch: {path} is not a file")
+    sep, node = entry["pytest"].partition("::")[1:] if "pytest" in entry else ("", "")
     name = (path.relative_to(rootpath).as_posix() if path.is_relative_to(rootpath) else str(path)) + sep + node
     if "pytest" in entry:
         tree = next(parent.parent for parent in path.parents if parent.name == "tests")
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--rootdir={tree}",
                    f"{path}{sep}{node}"]
-        log = f"{path.name}-{node.rpartition('::')[2]}.log"
+        log = re.sub(r"[^\w.-]+", "-", name).strip("-") + ".log"
         return LaunchItem.from_parent(session, name=name, nodeid=name, path=path, command=command, cwd=tree, log=log,
-                                      env=env)
+                                      env=env, timeout=timeout)
     nproc = int(entry["nproc"])
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(path)]
     return LaunchItem.from_parent(session, name=name, nodeid=name, path=path, command=command, cwd=None,
-                                  log=f"{path.name}.log", env=env)
+                                  log=f"{path.name}.log", env=env, timeout=timeout)
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
@@ -112,6 +130,6 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for value in config.getoption("launch"):
         try:
             items.append(item_of(session, json.loads(value)))
-        except (ValueError, TypeError, KeyError, StopIteration) as e:
+        except (ValueError, TypeError, KeyError, AttributeError, KitError) as e:
             raise pytest.UsageError(f"--launch takes a JSON object with script and nproc, or pytest, not {value!r} "
-                                    f"({e!r})") from e
+                                    f"({e})") from e

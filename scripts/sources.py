@@ -88,5 +88,13 @@ def names(path: Path = SOURCES_FILE) -> list[str]:
 
 def launched_file(entry: dict) -> str:
     """The file of a ``[<name>.gate] launch`` entry, a path in the upstream's tree: its ``script``, or the file of its
-    ``pytest`` node id (scripts/pytest_launch.py)."""
-    return entry["script"] if "script" in entry else entry["pytest"].partition("::")[0]
+    ``pytest`` node id (scripts/pytest_launch.py). Raises KitError when the entry has neither or both, or a
+    ``pytest`` id that is not ``<a file under a tests/ directory>::<test>``."""
+    if not isinstance(entry, dict) or ("script" in entry) == ("pytest" in entry):
+        raise KitError(f"launch entry {entry!r}: give either script (and nproc) or pytest")
+    if "script" in entry:
+        return str(entry["script"])
+    file, sep, node = str(entry["pytest"]).partition("::")
+    if not sep or not node or "tests" not in Path(file).parent.parts:
+        raise KitError(f"launch entry {entry!r}: pytest takes `<a file under a tests/ directory>::<test>`")
+    return file

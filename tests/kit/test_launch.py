@@ -7,6 +7,7 @@ hang of issue 12). Each must end with the stacks of every process in the launch 
 
 import json
 import os
+import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
@@ -58,7 +59,7 @@ def pids_in(log: str) -> list[int]:
 def test_timed_out_launch_writes_every_process_stacks_then_kills_them(tmp_path):
     script = tmp_path / "blocks.py"
     script.write_text(PARENT_AND_CHILD)
-    result = launch.run([sys.executable, str(script)], tmp_path / "launch.log", timeout=patient(2))
+    result = launch.run([sys.executable, str(script)], tmp_path / "launch.log", timeout=patient(3))
     assert result.timed_out and result.stacks == 2
     log = result.log.read_text()
     parent, child = log.split("--- kit: stacks of pid")[1:]
@@ -72,7 +73,7 @@ def test_hung_two_process_launch_shows_where_each_rank_waits(tmp_path):
     script.write_text(RANK_1_NEVER_ARRIVES)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = launch.run(command, tmp_path / "launch.log", timeout=patient(12), cwd=tmp_path, env=env)
+    result = launch.run(command, tmp_path / "launch.log", timeout=patient(15), cwd=tmp_path, env=env)
     log = result.log.read_text()
     assert result.timed_out, log[-2000:]
     assert "rank 0 ready" in log and "rank 1 ready" in log, log[-2000:]
@@ -101,8 +102,9 @@ LAUNCHED = {
 }
 
 
-ALONE = ("import os\n\n\ndef test_passes():\n    assert os.environ['FROM_THE_ENTRY'] == 'yes'\n\n\n"
-         "def test_fails():\n    assert os.getcwd() == 'elsewhere', f'runs in {os.path.basename(os.getcwd())}'\n")
+ALONE = ("import os\n\nimport pytest\n\n\ndef test_passes():\n    assert os.environ['FROM_THE_ENTRY'] == 'yes'\n\n\n"
+         "def test_fails():\n    assert os.getcwd() == 'elsewhere', f'runs in {os.path.basename(os.getcwd())}'\n\n\n"
+         "@pytest.mark.skip(reason='needs a GPU')\ndef test_skipped():\n    pass\n")
 
 
 def test_launched_scripts_pass_fail_or_error_in_the_junit_xml(tmp_path):
@@ -111,14 +113,15 @@ def test_launched_scripts_pass_fail_or_error_in_the_junit_xml(tmp_path):
     for name, text in LAUNCHED.items():
         (tree / name).write_text(text)
     (tree / "tests" / "alone_check.py").write_text(ALONE)
-    xml, timeout = tmp_path / "junit.xml", patient(8)
+    xml, timeout = tmp_path / "junit.xml", patient(8)  # hangs.py's own; the other launches get --launch-timeout
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_launch", "-q",
                "-o", "junit_family=xunit1", f"--junitxml={xml}", f"--rootdir={tmp_path}",
-               f"--launch-timeout={timeout}", f"--launch-logs={tmp_path / 'logs'}"]
-    command += [f"--launch={json.dumps({'script': str(tree / name), 'nproc': 2, 'env': {'FROM_THE_ENTRY': 'yes'}})}"
-                for name in LAUNCHED]
+               "--launch-timeout=300", f"--launch-logs={tmp_path / 'logs'}"]
+    scripts = [{"script": str(tree / name), "nproc": 2, "env": {"FROM_THE_ENTRY": "yes"}} for name in LAUNCHED]
+    scripts[-1]["timeout"] = timeout  # hangs.py
+    command += [f"--launch={json.dumps(entry)}" for entry in scripts]
     entries = [{"pytest": f"{tree}/tests/alone_check.py::{test}", "env": {"FROM_THE_ENTRY": "yes"}}
-               for test in ("test_passes", "test_fails")]
+               for test in ("test_passes", "test_fails", "test_skipped")]
     command += [f"--launch={json.dumps(entry)}" for entry in entries]
     env = {**os.environ, "PYTHONPATH": str(KIT_ROOT), "OMP_NUM_THREADS": "1"}
     result = launch.run(command, tmp_path / "pytest.log", timeout=300, cwd=tmp_path, env=env)
@@ -127,7 +130,7 @@ def test_launched_scripts_pass_fail_or_error_in_the_junit_xml(tmp_path):
     alone = "tree/tests/alone_check.py::"
     assert {key: r.outcome for key, r in results.items()} == {
         "tree/passes.py": "passed", "tree/asserts.py": "failed", "tree/crashes.py": "error", "tree/hangs.py": "error",
-        f"{alone}test_passes": "passed", f"{alone}test_fails": "failed"}
+        f"{alone}test_passes": "passed", f"{alone}test_fails": "failed", f"{alone}test_skipped": "skipped"}
     assert results["tree/asserts.py"].message.startswith("AssertionError: rank 1 disagrees")
     # a pytest node runs alone, from the directory above its tests/
     assert results[f"{alone}test_fails"].message.startswith("AssertionError: runs in tree"), results
@@ -139,3 +142,18 @@ def test_launched_scripts_pass_fail_or_error_in_the_junit_xml(tmp_path):
     root = ET.parse(xml).getroot()
     assert root.find(".//testcase").get("file").startswith("tree/")
     assert "exit status 1 without an AssertionError" in results["tree/crashes.py"].message
+
+
+def test_a_malformed_launch_entry_is_one_line(tmp_path):
+    """A --launch value that is not an entry (a string, a list, a node id without a tests/ directory, both kinds at
+    once) stops pytest with one usage error line, not a traceback."""
+    (tmp_path / "check.py").write_text("def test_x():\n    pass\n")
+    for value in ['"abc"', "[1]", '{"pytest": 5}', json.dumps({"pytest": f"{tmp_path}/check.py::test_x"}),
+                  json.dumps({"pytest": f"{tmp_path}/check.py::test_x", "script": f"{tmp_path}/check.py"})]:
+        command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_launch", "-q",
+                   f"--rootdir={tmp_path}", f"--launch={value}", f"--launch-logs={tmp_path / 'logs'}"]
+        result = subprocess.run(command, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(KIT_ROOT)},
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 4, (value, result.stdout[-500:], result.stderr[-500:])
+        assert "Traceback" not in result.stderr + result.stdout, (value, result.stderr[-800:])
+        assert result.stderr.startswith("ERROR: --launch takes a JSON object"), (value, result.stderr[-500:])
