@@ -270,7 +270,7 @@ def test_a_stage_that_hangs_is_killed_with_its_stacks_in_the_report(kit, capsys,
     monkeypatch.setenv("TINY_MARK", str(kit.root / "in-the-stage"))
     argv = write_kit(kit, SLEEPING_GUARD)
     capsys.readouterr()
-    timeout = patient(6)
+    timeout = patient(3)
     assert gate.main([*argv, f"--timeout={timeout}"]) == 1
     report = json.loads((kit.root / "out" / "report.json").read_text())
     violations = report["upstreams"]["tiny"]["violations"]

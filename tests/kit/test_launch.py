@@ -59,7 +59,7 @@ def pids_in(log: str) -> list[int]:
 def test_timed_out_launch_writes_every_process_stacks_then_kills_them(tmp_path):
     script = tmp_path / "blocks.py"
     script.write_text(PARENT_AND_CHILD)
-    result = launch.run([sys.executable, str(script)], tmp_path / "launch.log", timeout=patient(3))
+    result = launch.run([sys.executable, str(script)], tmp_path / "launch.log", timeout=patient(2))
     assert result.timed_out and result.stacks == 2
     log = result.log.read_text()
     parent, child = log.split("--- kit: stacks of pid")[1:]
@@ -73,7 +73,7 @@ def test_hung_two_process_launch_shows_where_each_rank_waits(tmp_path):
     script.write_text(RANK_1_NEVER_ARRIVES)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    result = launch.run(command, tmp_path / "launch.log", timeout=patient(15), cwd=tmp_path, env=env)
+    result = launch.run(command, tmp_path / "launch.log", timeout=patient(10), cwd=tmp_path, env=env)
     log = result.log.read_text()
     assert result.timed_out, log[-2000:]
     assert "rank 0 ready" in log and "rank 1 ready" in log, log[-2000:]
@@ -113,7 +113,7 @@ def test_launched_scripts_pass_fail_or_error_in_the_junit_xml(tmp_path):
     for name, text in LAUNCHED.items():
         (tree / name).write_text(text)
     (tree / "tests" / "alone_check.py").write_text(ALONE)
-    xml, timeout = tmp_path / "junit.xml", patient(8)  # hangs.py's own; the other launches get --launch-timeout
+    xml, timeout = tmp_path / "junit.xml", patient(5)  # hangs.py's own; the other launches get --launch-timeout
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "scripts.pytest_launch", "-q",
                "-o", "junit_family=xunit1", f"--junitxml={xml}", f"--rootdir={tmp_path}",
                "--launch-timeout=300", f"--launch-logs={tmp_path / 'logs'}"]
