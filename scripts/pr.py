@@ -136,6 +136,13 @@ def reproduce_section(name: str, entry: dict, upstream_tests: list[str], url: st
         "In an upstream checkout with this PR (and without it, to see the failures):", "", "```", pytest_line, "```"])
 
 
+def version_order(text: str) -> list:
+    """Sort key of a release (``"0.19.6"``) or a dependency (``"torchdata 0.10.1"``): the package name, then the
+    release's numbers as integers, so that 0.9 comes before 0.10."""
+    name, _, version = text.rpartition(" ")
+    return [name, *(int(part) if part.isdigit() else part for part in version.split("."))]
+
+
 def matrix_sentence(name: str, entry: dict, matrix_file: Path) -> str:
     """Markdown: what the last ``make matrix`` gated, when it judged this series (``entry["series_id"]``); else
     that no matrix result for this series is on record."""
@@ -147,9 +154,8 @@ def matrix_sentence(name: str, entry: dict, matrix_file: Path) -> str:
     if doc.get("series", {}).get(name) != entry.get("series_id"):
         return f"The last `make matrix` ({doc.get('date', 'undated')}) judged another version of this series: {only}."
     rows = [row for row in doc["rows"] if row["upstream"] == name]
-    releases = sorted({row["release"] for row in rows}, key=lambda v: [int(x) if x.isdigit() else x
-                                                                        for x in v.split(".")])
-    deps = sorted({row["dependency"] for row in rows if row["dependency"]})
+    releases = sorted({row["release"] for row in rows}, key=version_order)
+    deps = sorted({row["dependency"] for row in rows if row["dependency"]}, key=version_order)
     met = sum(row["meets"] for row in rows)
     failing = [f"{row['release']} {row['dependency']}".strip() for row in rows if not row["meets"]]
     return (f"`make matrix` ({doc.get('date', 'undated')}, torch and the kit's lock) gated this series on {name} "

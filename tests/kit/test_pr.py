@@ -125,7 +125,7 @@ def test_no_usable_url_is_refused_before_anything_is_written(pr_kit, monkeypatch
 
 def matrix_report(series_id: str) -> dict:
     rows = [{"upstream": "tiny", "release": release, "dependency": dep, "meets": True}
-            for release in ("0.9", "1.0") for dep in ("numpy 1.26.4", "numpy 2.3.5")]
+            for release in ("0.10", "0.9") for dep in ("torchdata 0.10.1", "torchdata 0.9.0")]
     return {"date": "2026-12-01 10:00 UTC", "series": {"tiny": series_id}, "rows": rows}
 
 
@@ -134,7 +134,8 @@ def matrix_report(series_id: str) -> dict:
     (matrix_report("another"), "The last `make matrix` (2026-12-01 10:00 UTC) judged another version of this "
                                "series: only tiny 1.0 was gated"),
     (matrix_report(SERIES_ID), "`make matrix` (2026-12-01 10:00 UTC, torch and the kit's lock) gated this series on "
-                               "tiny 0.9, 1.0 with numpy 1.26.4, numpy 2.3.5: 4 of 4 runs met their declaration."),
+                               "tiny 0.9, 0.10 with torchdata 0.9.0, torchdata 0.10.1: 4 of 4 runs met their "
+                               "declaration."),
 ], ids=["no-matrix", "matrix-of-another-series", "matrix-of-this-series"])
 def test_the_matrix_claim_comes_from_the_matrix_report_of_this_series(pr_kit, monkeypatch, matrix, sentence):
     if matrix:
