@@ -94,9 +94,11 @@ class Runner:
         with open(log, "a") as out:
             out.write(f"$ {shlex.join(command)}\n")
             out.flush()
-            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    cwd=sources.KIT_ROOT, env=env, start_new_session=True)
-            with self.lock:
+            with self.lock:  # started and registered at once: a stop() sees the command, or it never starts
+                if self.stopped.is_set():
+                    return None
+                proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=sources.KIT_ROOT, env=env, start_new_session=True)
                 self.running.add(proc)
             try:
                 returncode = proc.wait(timeout=TIMEOUT_S)

@@ -6,6 +6,7 @@ be 2). The matrix runs the real gate (``python -m scripts.gate``) as a child pro
 """
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -66,6 +67,28 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rindex(")") + 2] != "Z"
+
+
+def test_a_stop_that_comes_while_a_command_starts_still_kills_it(tmp_path, monkeypatch):
+    """``stop()`` between the start of a command and its registration as running: the command is killed, not left
+    to run until its timeout (under load, the test above once saw the stop before the registration)."""
+    runner, real_popen = matrix.Runner(), subprocess.Popen
+
+    def popen_then_stop(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        stopper = threading.Thread(target=runner.stop)
+        stopper.start()
+        stopper.join(timeout=0.5)  # the stop arrives now, before run() has registered the command
+        return proc
+
+    monkeypatch.setattr(subprocess, "Popen", popen_then_stop)
+    thread = threading.Thread(target=runner.run, args=(["sleep", "300"], tmp_path / "log"))
+    thread.start()
+    thread.join(timeout=10)
+    monkeypatch.undo()
+    if thread.is_alive():
+        runner.stop()  # what a fixed Runner did by itself: the test leaves no sleep behind
+    assert not thread.is_alive(), "a command that started as the matrix was stopped kept running"
 
 
 def test_stop_kills_every_running_command_and_what_it_started(tmp_path):
