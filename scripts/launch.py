@@ -21,6 +21,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,6 +156,21 @@ def dump_stacks(proc: subprocess.Popen, out, log: Path) -> int:
     return dumped
 
 
+def in_this_process(handler: Callable[[int, object], None]) -> Callable[[int, object], None]:
+    """``handler`` for ``signal.signal`` made to act only in the process that installs it. A child that
+    ``subprocess`` forks with a ``preexec_fn`` runs Python with its parent's handlers until it execs; a Ctrl-C to the
+    process group in that moment would raise KeyboardInterrupt there (a traceback on the user's terminal) or leave
+    the signals ignored in the command it then execs. In such a child the handler does nothing; the parent, which
+    gets the same signal, stops the command."""
+    owner = os.getpid()
+
+    def guarded(signum, frame):
+        if os.getpid() == owner:
+            handler(signum, frame)
+
+    return guarded
+
+
 @contextlib.contextmanager
 def sigterm_as_interrupt():
     """While the launch runs, SIGTERM (and SIGHUP) to this process act as Ctrl-C, so the ``finally`` that kills the
@@ -167,7 +183,7 @@ def sigterm_as_interrupt():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, in_this_process(interrupt)) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

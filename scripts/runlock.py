@@ -199,7 +199,7 @@ def interruptible(work: Callable[[], int], describe: Callable[[], str] = describ
                 os.kill(pid, signal.SIGTERM)
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in SIGNALS}
+    previous = {sig: signal.signal(sig, launch.in_this_process(interrupt)) for sig in SIGNALS}
     try:
         return work()
     except KeyboardInterrupt:
