@@ -287,7 +287,9 @@ def user_code_checkpoint(
     (``accelerator.save_state`` into a directory of this rank, or ``loader.state_dict()``); ``restarted`` loads it
     (``load_state`` or ``load_state_dict``) and asks ``state_dict()`` again before its first batch. Per run: the calls
     of the user's code during ``prepare()`` and during the checkpoint calls (made by this process or by a worker
-    started meanwhile: workers that ``prepare()`` started go on prefetching in the background), the random states
+    started meanwhile: workers that ``prepare()`` started go on prefetching in the background, and so may those that
+    the last run's loader started for its state at the end of an epoch, on the processes of a
+    ``DataLoaderDispatcher`` other than 0), the random states
     those calls changed, whether the state asked after loading is the loaded one, and the epochs (two with persistent
     workers).
     """
@@ -310,6 +312,7 @@ def user_code_checkpoint(
             use_stateful_dataloader=True, dispatch_batches=dispatch_batches
         )
         _, start = calls_since(0)
+        earlier = live_children()  # the last run's workers: a dispatcher's state at the end of an epoch starts some
         loader = accelerator.prepare(
             DataLoader(
                 UserDataset(log),
@@ -320,7 +323,7 @@ def user_code_checkpoint(
                 worker_init_fn=functools.partial(log_call, log, "worker_init_fn") if num_workers else None,
             )
         )
-        calls_in_prepare, start = calls_since(start)
+        calls_in_prepare, start = calls_since(start, earlier)
         before, workers = random_states(generator), live_children()
         result = {"calls_in_prepare": calls_in_prepare}
         if run == "with":
