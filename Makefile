@@ -122,7 +122,7 @@ apply-ready: check-python
 	@$(call UPSTREAM,$(PYTHON),apply) --check-only
 
 apply: apply-ready $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
-	@$(call UPSTREAM,$(PY),apply)
+	@$(call SAY,making the checkouts and applying the series) $(PY) -m scripts.upstream apply $(UPSTREAM_ARGS)
 	@PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(INSTALL)
 
 unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)

@@ -32,10 +32,13 @@ def test_help_lists_every_target():
 
 
 def test_every_pip_install_of_make_apply_says_what_it_does_every_period():
-    """Issue 22, item 4: `make apply` printed nothing for 40 s while pip built the editable installs. Every recipe
-    line of `make apply` that runs pip (the venv's packages, the checkouts' editable installs) goes through the
+    """Issue 22, item 4: `make apply` printed nothing for 40 s while pip built the editable installs, and 47 s while it
+    made the checkouts under load. Every recipe line of `make apply` that runs pip (the venv's packages, the sdists'
+    download, the checkouts' editable installs) goes through the
     lock's ``--say``, which prints what it does at the start and every 30 s (tests/kit/test_progress.py)."""
     lines = make("-n", "apply", "VENV=/nonexistent/kit-venv").stdout.splitlines()  # a venv still to make
-    installs = [line for line in lines if "pip install" in line or "scripts.upstream install" in line]
+    installs = [line for line in lines if "pip install" in line
+                or "scripts.upstream" in line and "--check-only" not in line]  # a check takes a second
     assert any("scripts.upstream install" in line for line in installs), lines
+    assert any("scripts.upstream apply" in line for line in installs), lines  # downloads the sdists (47 s silent)
     assert installs and all("--say" in line for line in installs), installs
