@@ -108,10 +108,11 @@ def sweep(token: str) -> int:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + (GRACE_S if sig == signal.SIGTERM else 0)
-        while time.monotonic() < deadline and run_processes(token):
+        # until each is gone or a zombie: a process on its way out may no longer show its environment
+        deadline = time.monotonic() + (GRACE_S if sig == signal.SIGTERM else launch.KILL_WAIT)
+        while time.monotonic() < deadline and any(launch.running(pid) for pid in pids):
             time.sleep(0.1)
-        if not run_processes(token):
+        if not any(launch.running(pid) for pid in pids):
             break
     return len(pids)
 
