@@ -35,6 +35,7 @@ from pathlib import Path
 from scripts import KitError, plural, runlock, series, sources, stack
 from scripts.git import git
 from scripts.lint import placeholder_notes
+from scripts.matrix import version_key
 
 URL = re.compile(r"^(https?://|ssh://|git@)[^\s]+$")
 
@@ -138,9 +139,9 @@ def reproduce_section(name: str, entry: dict, upstream_tests: list[str], url: st
 
 def version_order(text: str) -> list:
     """Sort key of a release (``"0.19.6"``) or a dependency (``"torchdata 0.10.1"``): the package name, then the
-    release's numbers as integers, so that 0.9 comes before 0.10."""
+    release's ``matrix.version_key``, so that 0.9 comes before 0.10."""
     name, _, version = text.rpartition(" ")
-    return [name, *(int(part) if part.isdigit() else part for part in version.split("."))]
+    return [name, *version_key(version)]
 
 
 def matrix_sentence(name: str, entry: dict, matrix_file: Path) -> str:
