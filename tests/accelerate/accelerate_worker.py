@@ -200,6 +200,86 @@ def dispatcher_mid_epoch_state_dict(accelerator, rank, num_workers, stop_after=2
     return result
 
 
+def checkpoint_restart(accelerator, rank, num_workers, out_dir, via, dispatch_batches=False, stop_after=3):
+    """A run that checkpoints before its first batch and after ``stop_after`` batches, and two restarts of it.
+
+    Ranks seeded differently (the same seeds in each restart, simulated in this process as in ``early_checkpoint``).
+    ``via``: ``dcp``, ``torch.distributed.checkpoint`` into one folder shared by the ranks (``out_dir``), which loads
+    in place into the keys of a freshly prepared loader's ``state_dict()``; ``save-state``, ``accelerator.save_state``
+    / ``load_state`` into a folder per rank. ``resumed``: the restart that loads the later checkpoint; ``fallback``:
+    the restart that loads the later checkpoint, then falls back to the one before the first batch (as a job does
+    whose newest checkpoint is unusable), and reads the whole epoch.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    def fresh():
+        accelerator.free_memory()  # the loader is the accelerator's only one, as in a fresh run
+        seed_rank("diverged", rank)
+        return prepare(accelerator, num_workers, dispatch_batches=dispatch_batches)
+
+    def save(loader, name):
+        path = os.path.join(out_dir, name if via == "dcp" else f"{name}.rank{rank}")
+        if via == "dcp":
+            dcp.save({"dataloader": loader}, checkpoint_id=path)
+        else:
+            accelerator.save_state(path)
+        return path
+
+    def load(loader, path):
+        if via == "dcp":
+            dcp.load({"dataloader": loader}, checkpoint_id=path)
+        else:
+            accelerator.load_state(path)
+
+    loader = fresh()
+    early = save(loader, "before-first-batch")
+    batches = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == stop_after:
+            later = save(loader, f"after-batch-{stop_after}")
+    result = {"head": sample_ids(batches[:stop_after]), "tail": sample_ids(batches[stop_after:])}
+    loader = fresh()
+    load(loader, later)
+    result["resumed"] = sample_ids(loader)
+    loader = fresh()
+    load(loader, later)
+    load(loader, early)
+    result["fallback"] = sample_ids(loader)
+    accelerator.free_memory()
+    return result
+
+
+class NoisyDataset(Dataset):
+    """The sample ids, each paired with a number drawn from torch's RNG where ``__getitem__`` runs: in a worker, that
+    is the RNG the DataLoader seeds from its base seed (random augmentation, as in most image pipelines)."""
+
+    def __getitem__(self, index):
+        return [index, int(torch.randint(1_000_000, ()))]
+
+    def __len__(self):
+        return NUM_SAMPLES
+
+
+def early_checkpoint_worker_randomness(accelerator, rank, num_workers, out_dir):
+    """``accelerator.save_state`` before the first batch over ``NoisyDataset``, then a restart that loads it: both
+    runs' epochs 0 as (id, drawn number) pairs. Ranks seeded differently, the same seeds in the restart."""
+    runs = []
+    for restarted in (False, True):
+        accelerator.free_memory()
+        seed_rank("diverged", rank)
+        accelerator.dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True)
+        loader = accelerator.prepare(DataLoader(NoisyDataset(), batch_size=BATCH_SIZE, shuffle=True,
+                                                num_workers=num_workers))
+        if restarted:
+            accelerator.load_state(out_dir)
+        else:
+            accelerator.save_state(out_dir)
+        runs.append([[int(v) for v in pair] for batch in loader for pair in zip(batch[0], batch[1])])
+    accelerator.free_memory()
+    return {"saved": runs[0], "restarted": runs[1]}
+
+
 def log_call(log, event, *_):
     """Append ``event`` and the calling process's pid to the file ``log``: one line per call of the user's code, from
     any process."""
@@ -396,6 +476,15 @@ for _adapter, _nw in (("shard", 0), ("shard", 2), ("dispatch", 2)):
             {"use_save_state": _via == "save-state", "dispatch_batches": _adapter == "dispatch"},
         )
 SCENARIOS["dispatch-mid-epoch-state-dict-nw2"] = (dispatcher_mid_epoch_state_dict, (2,), {})
+# Checkpoints before the first batch and after batch 3, restarts from the later one and a fall-back to the earlier one:
+# torch.distributed.checkpoint (in place) and save_state()
+for _via in ("dcp", "save-state"):
+    for _adapter in ("shard", "dispatch"):
+        for _nw in (0, 2):
+            SCENARIOS[f"restart-{_via}-{_adapter}-nw{_nw}"] = (
+                checkpoint_restart, (_nw,), {"via": _via, "dispatch_batches": _adapter == "dispatch"}
+            )
+SCENARIOS["early-checkpoint-worker-randomness-nw2"] = (early_checkpoint_worker_randomness, (2,), {})
 # A checkpoint before the first batch runs none of the user's code, whatever it draws from: both adapters, num_workers
 # 0, 2 and 6, persistent workers, save_state() and state_dict()
 USER_CODE_CONFIGS = {}
@@ -425,8 +514,10 @@ def main():
 
     def call(name):
         function, args, kwargs = SCENARIOS[name]
-        if function in (early_checkpoint, user_code_checkpoint):  # a checkpoint directory per scenario and rank
-            kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.rank{rank}.checkpoint"))
+        if function in (early_checkpoint, user_code_checkpoint, early_checkpoint_worker_randomness):
+            kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.rank{rank}.checkpoint"))  # one per rank
+        elif function is checkpoint_restart:  # the folder of the scenario, shared by the ranks
+            kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.checkpoints"))
         return function(accelerator, rank, *args, **kwargs)
 
     run_scenarios(out_dir, wanted, rank, call, world_size=accelerator.num_processes, accelerate=accelerate.__file__)

@@ -1,13 +1,13 @@
 """Accelerate #4204: ``prepare()`` draws the epoch-0 permutation before the cross-rank RNG sync.
 
-Upstream code (accelerate 1.15.0, ``src/accelerate/data_loader.py``): with
-``DataLoaderConfiguration(use_stateful_dataloader=True)``, ``DataLoaderAdapter.__init__`` (line 444) calls
+Upstream code (accelerate 1.16.0, ``src/accelerate/data_loader.py``): with
+``DataLoaderConfiguration(use_stateful_dataloader=True)``, ``DataLoaderAdapter.__init__`` (line 431) calls
 torchdata's ``StatefulDataLoader.state_dict()``. With ``num_workers > 0`` that builds the multiprocessing iterator
 (torchdata 0.11.0 ``stateful_dataloader.py`` line 415-419): it starts the workers and primes the prefetch, which
 pulls indices from the batch sampler, so the ``RandomSampler`` draws its permutation from this rank's generator
-(seeded from this rank's global RNG in ``prepare_data_loader``, line 1251) inside ``accelerator.prepare()``.
+(seeded from this rank's global RNG in ``prepare_data_loader``, line 1234) inside ``accelerator.prepare()``.
 torchdata reuses that iterator for the first ``__iter__``; ``DataLoaderShard.__iter__`` synchronizes the RNG
-states across ranks only then (line 579), too late. Ranks whose RNG differed before ``prepare()`` shard
+states across ranks only then (line 568), too late. Ranks whose RNG differed before ``prepare()`` shard
 different permutations: epoch 0 sees some samples twice and others never.
 
 Every test here reads the results of one real 2-process launch (Gloo on CPU,
@@ -87,7 +87,7 @@ def test_epoch0_partition(launch_dir, seeding, num_workers):
 
     ``diverged``: a different seed per rank; ``unequal-use``: a common seed, then rank 1 draws more random
     numbers before ``prepare()``. ``num_workers=0`` is a guard: the single-process iterator draws the
-    permutation lazily, after ``DataLoaderShard.__iter__`` synchronized the sampler's generator (line 579).
+    permutation lazily, after ``DataLoaderShard.__iter__`` synchronized the sampler's generator (line 568).
     """
     rank0, rank1 = ranks(launch_dir, f"partition-{seeding}-nw{num_workers}")
     assert_partition(rank0["epochs"][0], rank1["epochs"][0], "epoch 0")
@@ -98,7 +98,7 @@ def test_epoch0_partition(launch_dir, seeding, num_workers):
 def test_epoch0_partition_after_early_state_dict(launch_dir, seeding, num_workers):
     """As ``test_epoch0_partition``, with ``loader.state_dict()`` called after ``prepare()``, before the first batch.
 
-    ``accelerator.save_state()`` before training does that (``checkpointing.py`` line 144). torchdata builds an
+    ``accelerator.save_state()`` before training does that (``checkpointing.py`` line 133). torchdata builds an
     iterator to answer (torchdata 0.11.0 ``StatefulDataLoader.state_dict``, line 415-419) and keeps it for the
     first epoch; the fix must not leave it there.
     """
@@ -112,7 +112,7 @@ def test_epoch0_partition_after_early_state_dict(launch_dir, seeding, num_worker
 def test_prepare_starts_no_workers(launch_dir, num_workers):
     """``accelerator.prepare()`` starts no DataLoader worker process (counted as new live children of each rank).
 
-    On the base, ``DataLoaderAdapter.__init__`` (line 444) starts ``num_workers`` of them per rank.
+    On the base, ``DataLoaderAdapter.__init__`` (line 431) starts ``num_workers`` of them per rank.
     """
     results = ranks(launch_dir, f"partition-diverged-nw{num_workers}")
     started = [r["workers_after_prepare"] for r in results]
@@ -156,7 +156,7 @@ def test_persistent_workers_partition(launch_dir, epoch):
 def test_dispatch_batches_partition(launch_dir, num_workers):
     """Guard: with ``dispatch_batches=True`` only rank 0 reads and slices, so epoch 0 is a partition before and after.
 
-    ``DataLoaderDispatcher`` (line 723) shares ``DataLoaderAdapter``; the fix must not break it.
+    ``DataLoaderDispatcher`` (line 714) shares ``DataLoaderAdapter``; the fix must not break it.
     """
     rank0, rank1 = ranks(launch_dir, f"dispatch-batches-nw{num_workers}")
     assert_partition(rank0["epochs"][0], rank1["epochs"][0], "epoch 0 (dispatch_batches=True)")
@@ -176,9 +176,9 @@ def test_mid_epoch_resume(launch_dir, scenario):
     """Save after 3 batches, load into a new prepared loader: the rest equals the uninterrupted epoch 0.
 
     One common seed on both ranks; ``use_seedable_sampler=True`` except in ``sampler-generator`` (the generator
-    ``prepare_data_loader`` attaches to the sampler, line 1247). With workers these are regression tests: on the base
+    ``prepare_data_loader`` attaches to the sampler, line 1234). With workers these are regression tests: on the base
     the prefetch in ``prepare()`` draws a permutation before the epoch. ``shard-nw2``: it runs before
-    ``prepare_data_loader`` swaps in the ``SeedableRandomSampler`` (line 1326), so the uninterrupted epoch 0 comes
+    ``prepare_data_loader`` swaps in the ``SeedableRandomSampler`` (line 1310), so the uninterrupted epoch 0 comes
     from the original sampler while the resumed loader follows the seedable one. ``shard-sampler-generator-nw2``:
     the uninterrupted run iterates that prefetched permutation, while the resumed loader, whose ``prepare()`` drew one
     permutation already, draws the next one from the sampler's generator and skips into it. ``dispatch_batches``
@@ -337,3 +337,65 @@ def test_restart_from_checkpoint_before_first_batch_replays_the_epochs(launch_di
             f"{restarted[0][:4]}; the saving run read {len(saved[0])}, starting {saved[0][:4]}"
         )
         assert result["restarted"]["state_after_load_is_loaded"], f"rank {result['rank']}: state_dict() after loading"
+
+
+def _restart(via, adapter, num_workers, marked):
+    """A ``restart-*`` scenario id, a regression test where ``marked`` (it fails on the base there)."""
+    scenario = f"restart-{via}-{adapter}-nw{num_workers}"
+    return pytest.param(scenario, id=scenario.removeprefix("restart-"), marks=(regression,) * marked)
+
+
+@pytest.mark.parametrize(
+    "scenario", [_restart(via, "shard", nw, nw > 0) for via in ("dcp", "save-state") for nw in (0, 2)]
+)
+def test_restart_from_a_mid_epoch_checkpoint_resumes_the_epoch(launch_dir, scenario):
+    """A restart from the checkpoint after batch 3 reads what the saving run read after it, on every rank (ranks seeded
+    differently): through ``torch.distributed.checkpoint``, which loads in place into the keys of a freshly prepared
+    loader's ``state_dict()`` (so that state must be a real one before the first batch: ``{}`` gets nothing loaded,
+    and the restart reads the whole epoch again, with ``num_workers=0`` too), and through ``save_state()`` /
+    ``load_state()``. Guards without workers, where the base resumes exactly. ``DataLoaderDispatcher`` is left out:
+    with a seed per process it resumes another permutation, on the base and with the series alike (its sampler draws
+    from process 0's global RNG, which ``load_state()`` restores to its mid-epoch state; outside #4204).
+    """
+    for result in ranks(launch_dir, scenario):
+        assert result["resumed"] == result["tail"], (
+            f"rank {result['rank']}: the restart reads {len(result['resumed'])} samples starting "
+            f"{result['resumed'][:4]}; after its checkpoint the saving run read {len(result['tail'])} starting "
+            f"{result['tail'][:4]}"
+        )
+
+
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        _restart(via, adapter, nw, (adapter, nw) != ("shard", 0))
+        for via in ("dcp", "save-state")
+        for adapter in ("shard", "dispatch")
+        for nw in (0, 2)
+    ],
+)
+def test_fall_back_to_the_checkpoint_before_the_first_batch_replays_the_epoch(launch_dir, scenario):
+    """A restart that loads the checkpoint after batch 3, then falls back to the one taken before the first batch (a
+    job whose newest checkpoint turns out unusable), reads the saving run's whole epoch, on every rank. torchdata's
+    ``load_state_dict({})`` keeps a state loaded before, so an empty early state resumes from batch 3 instead. A guard
+    for ``DataLoaderShard`` without workers; on the base the others read another permutation (``prepare()`` built an
+    iterator, and so drew from the RNG, before the epoch).
+    """
+    for result in ranks(launch_dir, scenario):
+        epoch = result["head"] + result["tail"]
+        assert result["fallback"] == epoch, (
+            f"rank {result['rank']}: after falling back the restart reads {len(result['fallback'])} samples starting "
+            f"{result['fallback'][:4]}; the saving run's epoch has {len(epoch)} starting {epoch[:4]}"
+        )
+
+
+@regression
+def test_checkpoint_before_first_batch_replays_the_workers_random_numbers(launch_dir):
+    """A restart from a ``save_state()`` before the first batch reads the saving run's epoch including what the
+    dataset drew in the workers (``accelerate_worker.NoisyDataset``), on every rank: loading a state of an epoch not
+    started starts it afresh, and the workers' base seed is then drawn after the RNG synchronization, as in the saving
+    run (the seed such a state holds was drawn before it, from each rank's own RNG)."""
+    for result in ranks(launch_dir, "early-checkpoint-worker-randomness-nw2"):
+        saved, restarted = result["saved"], result["restarted"]
+        same = sum(a == b for a, b in zip(saved, restarted))
+        assert restarted == saved, f"rank {result['rank']}: {same} of {len(saved)} (id, drawn number) pairs are equal"

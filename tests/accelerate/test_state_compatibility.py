@@ -4,7 +4,7 @@ What the commit message and the PR promise beyond the bug: a dataloader state wr
 writer's epoch in the patched version, and the release resumes a state written with the series as its own (the state
 format is unchanged); ``prepare()``
 with ``use_stateful_dataloader=True`` draws from the global RNG only what ``prepare()`` without it draws (the
-sampler's seed, ``prepare_data_loader`` line 1250 of 1.15.0); and dataloaders without ``use_stateful_dataloader``
+sampler's seed, ``prepare_data_loader`` line 1234 of 1.16.0); and dataloaders without ``use_stateful_dataloader``
 behave as in the release.
 
 The release's ``data_loader.py`` is read from ``base/<version>`` of the kit's checkout with git and imported as a
@@ -22,6 +22,7 @@ import accelerate
 import accelerate.data_loader as data_loader_module
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from torch.utils.data import DataLoader
@@ -169,3 +170,73 @@ def test_plain_dataloader_as_in_the_release(pristine, num_workers):
     (release_epochs, release_rng), (series_epochs, series_rng) = runs
     assert series_epochs == release_epochs, "without use_stateful_dataloader the series yields other epochs"
     assert torch.equal(series_rng, release_rng), "without use_stateful_dataloader the series draws other numbers"
+
+
+@pytest.mark.parametrize("num_workers", [pytest.param(0, id="nw0"), pytest.param(2, id="nw2")])
+def test_state_before_first_batch_is_the_release_s(pristine, num_workers):
+    """Before the first batch the series answers with the state the release gives there, torchdata's state of a new
+    iterator (key for key, value for value), which the series makes without building the iterator. An empty state
+    would differ: ``torch.distributed.checkpoint`` could load nothing into it."""
+    series, release = state_after(data_loader_module, num_workers, 0), state_after(pristine, num_workers, 0)
+    assert series == release, f"before the first batch the series gives {series}, the release {release}"
+
+
+def dcp_state_after(module, num_workers, stop_after, directory):
+    """Save with ``torch.distributed.checkpoint`` the state of a dataloader of ``module`` that yielded ``stop_after``
+    batches into ``directory``."""
+    loader = prepared(module, num_workers)
+    if stop_after:
+        for step, _ in enumerate(loader):
+            if step + 1 == stop_after:
+                break
+    dcp.save({"dataloader": loader}, checkpoint_id=directory)
+    loader.end()
+
+
+def dcp_resumed(module, num_workers, directory):
+    """The rest of the epoch of a new dataloader of ``module`` into which ``directory`` was loaded in place."""
+    loader = prepared(module, num_workers)
+    dcp.load({"dataloader": loader}, checkpoint_id=directory)
+    return ids(loader)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("stop_after", STOPS)
+@pytest.mark.parametrize("num_workers", [pytest.param(0, id="nw0"), pytest.param(2, id="nw2", marks=regression)])
+def test_checkpoint_of_the_release_loads_in_place(pristine, tmp_path, num_workers, stop_after):
+    """A ``torch.distributed.checkpoint`` the release wrote, loaded in place into a new dataloader of the series (an
+    upgrade between checkpoint and restart), resumes the rest of the epoch the writer yielded. A regression test with
+    workers, as ``test_state_of_the_release_resumes_the_epoch``."""
+    dcp_state_after(pristine, num_workers, stop_after, tmp_path / "checkpoint")
+    expected = uninterrupted(pristine, num_workers)[stop_after * BATCH_SIZE :]
+    got = dcp_resumed(data_loader_module, num_workers, tmp_path / "checkpoint")
+    assert got == expected, f"resumed after {stop_after} batches: {got}, the writer's epoch went on with {expected}"
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("stop_after", STOPS)
+@pytest.mark.parametrize("num_workers", [pytest.param(0, id="nw0"), pytest.param(2, id="nw2")])
+def test_release_loads_a_checkpoint_of_the_series_in_place_as_its_own(pristine, tmp_path, num_workers, stop_after):
+    """A ``torch.distributed.checkpoint`` the series wrote, loaded in place into a new dataloader of the release (a
+    downgrade), resumes as a checkpoint the release wrote at the same point."""
+    dcp_state_after(data_loader_module, num_workers, stop_after, tmp_path / "series")
+    dcp_state_after(pristine, num_workers, stop_after, tmp_path / "release")
+    of_series = dcp_resumed(pristine, num_workers, tmp_path / "series")
+    of_release = dcp_resumed(pristine, num_workers, tmp_path / "release")
+    assert len(of_release) == NUM_SAMPLES // 2 - stop_after * BATCH_SIZE, f"{len(of_release)} samples resumed"
+    assert of_series == of_release, (
+        f"the release resumes a checkpoint of the series with {of_series[:8]}..., its own with {of_release[:8]}..."
+    )
+
+
+@pytest.mark.parametrize("method", ["state_dict", "load_state_dict"])
+def test_plain_dataloader_state_methods_as_in_the_release(pristine, method):
+    """Without ``use_stateful_dataloader`` the dataloader has no state: ``state_dict()`` and ``load_state_dict()``
+    raise what they raise in the release (a checkpoint of such a loader fails when it is taken, not at resume)."""
+    raised = []
+    for module in (pristine, data_loader_module):
+        loader = prepared(module, 0, stateful=False)
+        with pytest.raises(Exception) as error:
+            getattr(loader, method)(*([{}] if method == "load_state_dict" else []))
+        raised.append((type(error.value), str(error.value)))
+    assert raised[1] == raised[0], f"the series raises {raised[1]}, the release {raised[0]}"
