@@ -275,7 +275,7 @@ def early_checkpoint_worker_randomness(accelerator, rank, num_workers, out_dir):
             accelerator.load_state(out_dir)
         else:
             accelerator.save_state(out_dir)
-        runs.append([[int(v) for v in pair] for batch in loader for pair in zip(batch[0], batch[1])])
+        runs.append([[int(v) for v in pair] for batch in loader for pair in zip(batch[0], batch[1], strict=True)])
     accelerator.free_memory()
     return {"saved": runs[0], "restarted": runs[1]}
 

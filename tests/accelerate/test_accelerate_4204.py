@@ -397,5 +397,5 @@ def test_checkpoint_before_first_batch_replays_the_workers_random_numbers(launch
     run (the seed such a state holds was drawn before it, from each rank's own RNG)."""
     for result in ranks(launch_dir, "early-checkpoint-worker-randomness-nw2"):
         saved, restarted = result["saved"], result["restarted"]
-        same = sum(a == b for a, b in zip(saved, restarted))
+        same = sum(a == b for a, b in zip(saved, restarted, strict=False))
         assert restarted == saved, f"rank {result['rank']}: {same} of {len(saved)} (id, drawn number) pairs are equal"
