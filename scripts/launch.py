@@ -15,7 +15,6 @@ worker's stacks.
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import signal
 import subprocess
@@ -29,7 +28,9 @@ SITE = Path(__file__).resolve().with_name("launch_site")  # holds the sitecustom
 DUMP_WAIT = 2.0  # seconds a process gets to write its stacks after SIGUSR1
 POLL = 0.05  # seconds between two looks at the running launches
 KILL_WAIT = 10.0  # seconds kill_tree waits for the killed processes to end
-_LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The C library as loaded into this process: dlopen(NULL). `ctypes.util.find_library` would run ldconfig in a child
+# process at every import, which a Ctrl-C to the process group can catch half-way.
+_LIBC = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 

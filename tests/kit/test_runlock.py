@@ -98,7 +98,7 @@ def test_interrupt_leaves_nothing_and_says_where_the_checkouts_are(tmp_path, sig
             f"sys.exit(runlock.interruptible(lambda: launch.run(['sleep', '60'], Path({str(tmp_path / 'l.log')!r}), "
             "120).returncode))")
     run = wrapper(tmp_path, "make gate", sys.executable, "-c", code, start_new_session=True)
-    wait_for(lambda: len(launch.descendants(run.pid)) >= 2)
+    wait_for(lambda: any(launch.command_line(pid) == "sleep 60" for pid in launch.descendants(run.pid)))
     left, err = interrupt(run, sig, to_group)
     assert left == []
     assert "Traceback" not in err
