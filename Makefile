@@ -34,17 +34,23 @@ SOURCE ?= sdist
 RESIGN ?=
 # `make unapply DISCARD=1` drops commits in a checkout that are not exported to patches/.
 DISCARD ?=
+# `make apply KEEP_CONFLICT=1`: a patch that does not apply leaves `git am` stopped at it in the checkout, to resolve.
+KEEP_CONFLICT ?=
+# `make outdated` and `make pin` ask this package index's JSON API (<url>/<package>/json); `make pin DEFAULT=1` also
+# makes the pinned release the upstream's default `version`.
+INDEX_JSON ?= https://pypi.org/pypi
+DEFAULT ?=
 
 # Boolean variables take 1, yes or true, or 0, no or false (empty: the default); anything else stops make here,
 # before anything runs (issue 22: DISCARD=0 used to mean yes).
-BOOLEANS := RESIGN DISCARD DEPS
+BOOLEANS := RESIGN DISCARD DEPS KEEP_CONFLICT DEFAULT
 $(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
   $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
 is_yes = $(filter 1 yes true,$(1))
 is_no = $(filter 0 no false,$(1))
 # A variable on the command line that the kit does not know gets one warning naming the closest known one.
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD KIT_URL TOOLS
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT
 UNKNOWN := $(filter-out $(KNOWN),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
 CLOSEST = $(shell python3 -c 'import difflib, sys; known = sys.argv[2:]; up = [k.upper() for k in known]; \
   m = difflib.get_close_matches(sys.argv[1].upper(), up, 1); print(f" (did you mean {known[up.index(m[0])]}?)" if m else "")' \
@@ -73,7 +79,7 @@ INSTALL = $(call SAY,installing the checkouts editable into $(VENV) and compilin
 
 .DEFAULT_GOAL := help
 .PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix lock pr clean \
-	check-python need-venv lint-ready apply-ready
+	check-python need-venv lint-ready apply-ready outdated pin
 
 help: ## list the targets and variables
 	@echo "Targets:"
@@ -82,6 +88,7 @@ help: ## list the targets and variables
 	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
 	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N LOAD=N ON SCENARIOS GATE_JOBS BENCH_ARGS"
 	@echo "           DEPS=0|1 MATRIX_JOBS KIT_URL (make pr); booleans take 1/yes/true or 0/no/false"
+	@echo "           KEEP_CONFLICT=1 (make apply) INDEX_JSON=$(INDEX_JSON) DEFAULT=1 (make pin)"
 
 # A target the kit does not have (make gaet): one line pointing at make help.
 .DEFAULT:
@@ -118,11 +125,12 @@ upstream: check-python ## make the pristine checkouts upstream/<name> (tag base/
 	@$(call UPSTREAM,$(PYTHON),checkout)
 
 # Checked before the venv is built: apply would not refuse on a checkout (uncommitted edits, unexported commits).
+KEEP = $(if $(call is_yes,$(KEEP_CONFLICT)),--keep-conflict)
 apply-ready: check-python
-	@$(call UPSTREAM,$(PYTHON),apply) --check-only
+	@$(call UPSTREAM,$(PYTHON),apply) --check-only $(KEEP)
 
 apply: apply-ready $(STAMP) ## venv + checkouts + the series applied (git am --3way) + editable installs; a no-op when done
-	@$(call SAY,making the checkouts and applying the series) $(PY) -m scripts.upstream apply $(UPSTREAM_ARGS)
+	@$(call SAY,making the checkouts and applying the series) $(PY) -m scripts.upstream apply $(UPSTREAM_ARGS) $(KEEP)
 	@PIP_CONSTRAINT=$(CURDIR)/$(CONSTRAINTS) $(INSTALL)
 
 unapply: check-python ## put the checkouts back on their base; refuses to drop your edits or unexported commits (DISCARD=1 drops commits)
@@ -169,6 +177,13 @@ matrix: need-venv ## every pinned release gated as it declares, x torchdata / nu
 
 lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
 	@$(call SAY,making a fresh venv and freezing it (build/lock/)) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
+
+outdated: check-python ## newest releases on the index vs the pins, the matrix, the lock, TORCH; exit 3 when newer
+	@$(LOCK) $(PYTHON) -m scripts.outdated --index "$(INDEX_JSON)" --torch "$(TORCH)"
+
+pin: check-python ## pin <NAME>_VERSION=X in upstream/sources.toml: the index's sha256, checked on the download
+	@$(LOCK) $(PYTHON) -m scripts.pin --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+	  --index "$(INDEX_JSON)" --pip-options="$(PIP_OPTS)" $(if $(call is_yes,$(DEFAULT)),--default)
 
 pr: ## the pull-request bodies build/pr/<name>/<n>-<slug>.md, one per commit: docs/pr/<name>/<n>.md + its gate table + the commands
 	@$(LOCK) $(PYTHON) -m scripts.pr

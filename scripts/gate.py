@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, grading, launch, runlock, series, sources, stack, worktree
+from scripts import KitError, grading, launch, outdated, runlock, series, sources, stack, worktree
 from scripts.checkout import BASE_ENV
 from scripts.git import git, rev
 
@@ -545,6 +545,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="stages run at once (default: the CPU count)")
     parser.add_argument("--timeout", type=float, default=STAGE_TIMEOUT, help="seconds per stage")
     parser.add_argument("--keep-trees", action="store_true", help="leave the stages' trees in <out>/trees/")
+    parser.add_argument("--outdated", type=Path, default=outdated.RECORD, help="the record of the last make outdated")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
     root = args.suites.resolve().parent
@@ -587,8 +588,10 @@ def gate(args: argparse.Namespace) -> int:
                     worktree.remove(tree)
             shutil.rmtree(args.out / "trees", ignore_errors=True)
     ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
+    record = outdated.load_record(args.outdated)  # the last `make outdated`: is each base the newest release?
     meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
-            "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks}
+            "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks,
+            "releases": {up.pin.name: outdated.release_status(record, up.pin.package, up.pin.version) for up in ups}}
     doc, md, excerpts = grading.report(ups_graded, meta)
     for stage in stage_names(ups):
         shutil.rmtree(args.out / stage / "tmp", ignore_errors=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scripts import KitError, plural
+from scripts.outdated import release_sentence
 
 STAGES = ("before", "after")
 # Exceptions that re-raise a child process's failure with its traceback in the message: torch.multiprocessing's,
@@ -315,7 +316,7 @@ def report(ups: list[Upstream], meta: dict) -> tuple[dict, str, dict[str, str]]:
     """Judge every upstream; return (report.json document, report.md text, excerpts {path: text}).
 
     ``meta``: {"wall_s", "versions": {"python", "torch", "torchdata", "numpy"}, "series": {"kit_commit",
-    "uncommitted": [paths]}, "jobs"}, recorded as they are.
+    "uncommitted": [paths]}, "jobs", "releases": {name: scripts/outdated.release_status}}, recorded as they are.
     """
     doc = {**meta, "python": meta.get("versions", {}).get("python", ""), "upstreams": {}}
     excerpts = {}
@@ -469,6 +470,14 @@ def stages_markdown(doc: dict) -> list[str]:
     return [*md, ""]
 
 
+def releases_lines(doc: dict) -> list[str]:
+    """Whether each base is the newest release, from the last ``make outdated`` (``doc["releases"]``, issue 30)."""
+    releases = doc.get("releases", {})
+    sentences = [release_sentence(name, u["version"], releases[name]) for name, u in doc["upstreams"].items()
+                 if name in releases]
+    return [" ".join(sentences), ""] if sentences else []
+
+
 def markdown(doc: dict) -> str:
     """The report.md of a report.json document: the summary (a row per upstream, per commit of a stack), the
     stages, then each upstream's section."""
@@ -482,6 +491,7 @@ def markdown(doc: dict) -> str:
           f"`{series.get('kit_commit', '')[:12] or 'unknown'}`"
           + (f", with uncommitted changes to {', '.join(f'`{p}`' for p in uncommitted)}" if uncommitted else "")
           + "), whatever the checkouts under `upstream/` hold: the gate does not use or change them.", "",
+          *releases_lines(doc),
           "| upstream | version | base | check | FAIL_TO_PASS | PASS_TO_PASS | violations | verdict |",
           "|---|---|---|---|---|---|---|---|"]
     for name, u in doc["upstreams"].items():

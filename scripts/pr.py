@@ -4,11 +4,13 @@ and the results on disk.
 The prose of each body is written by people in ``docs/pr/<name>/<n>.md`` (n: the commit's number in
 ``patches/<name>/``); the claims about what ran come from results on disk, through placeholders:
 
-- ``{gate}``: the base (the release tag, plus the PRs below this one in a stack, and the default-branch check:
+- ``{gate}``: the base (the release tag, plus the PRs below this one in a stack; whether it is the newest release as
+  of the last ``make outdated``, ``build/outdated.json``; and the default-branch check:
   ``[<name>.default_branch]`` of upstream/sources.toml, reported as stale unless its ``series`` is the id of the
-  series judged, scripts/stack.series_id), then the count sentence (the PR's new tests that fail before and pass
-  after, its new tests that pass in both stages, and the tests already there that pass in both), and one row per
-  FAIL_TO_PASS test of the PR, from ``build/gate/report.json`` (for a stack: the commit's step);
+  series judged, scripts/stack.series_id, with the snapshot's age relative to the newest release), then the count
+  sentence (the PR's new tests that fail before and pass after, its new tests that pass in both stages, and the tests
+  already there that pass in both), and one row per FAIL_TO_PASS test of the PR, from ``build/gate/report.json``
+  (for a stack: the commit's step);
 - ``{reproduce}``: the commands, with a link to the kit: ``KIT_URL`` from the environment, else the URL of the
   kit's git remote ``origin`` (``git remote get-url origin``); a local path is not a usable link;
 - ``{matrix}``: one sentence on the last ``make matrix`` (``build/matrix/report.json``): its date, the releases and
@@ -32,7 +34,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scripts import KitError, plural, runlock, series, sources, stack
+from scripts import KitError, outdated, plural, runlock, series, sources, stack
 from scripts.git import git
 from scripts.lint import placeholder_notes
 from scripts.matrix import version_key
@@ -67,23 +69,27 @@ def is_new(key: str, added: dict[str, set[str]], defined: dict[str, set[str]]) -
     return bool(functions) and max(functions, key=len) in added.get(file, set())
 
 
-def base_sentence(name: str, entry: dict, table: dict, below: int) -> str:
-    """Markdown: the base is the release tag (and the ``below`` PRs under this one); whether and when the series was
-    checked on the default branch, and whether that check was of this series."""
+def base_sentence(name: str, entry: dict, table: dict, below: int, release: dict) -> str:
+    """Markdown: the base is the release tag (and the ``below`` PRs under this one), whether it is the newest release
+    (``release``: scripts/outdated.release_status of the last ``make outdated``); whether and when the series was
+    checked on the default branch, whether that check was of this series, and how old that snapshot is relative to
+    the newest release (issue 30)."""
     tag = table.get("tag", "v{version}").format(version=entry["version"])
     text = (f"Base: the release tag `{tag}` ({name} {entry['version']}; the kit builds it from the release's PyPI "
             f"sdist, pinned by sha256, or with `SOURCE=git` takes the tag itself)"
-            + (f" + the {plural(below, 'PR')} below this one in the stack." if below else "."))
+            + (f" + the {plural(below, 'PR')} below this one in the stack." if below else ".")
+            + f" {outdated.release_sentence(name, entry['version'], release)}")
     checked = table.get("default_branch")
     if not checked:
         return text + " The series was not checked against the default branch."
     how = "applies" if checked["applies"] else "does NOT apply"
     where = (f"the default branch `{checked['branch']}` as of commit `{checked['commit'][:12]}` (committed "
              f"{checked['committed']}; checked {checked['checked']} with {checked['how']})")
+    age = outdated.snapshot_sentence(name, entry["version"], release, checked["committed"])
     if checked.get("series") != entry.get("series_id"):
         return (text + f" A check against {where} is on record, but for another version of the series than this "
-                f"one (`{entry.get('series_id', '?')}`): check again before opening the PR.")
-    return text + f" The series also {how} to {where}."
+                f"one (`{entry.get('series_id', '?')}`): check again before opening the PR; {age}.")
+    return text + f" The series also {how} to {where}; {age}."
 
 
 def verb(n: int, one: str, many: str) -> str:
@@ -92,10 +98,11 @@ def verb(n: int, one: str, many: str) -> str:
 
 
 def gate_section(name: str, entry: dict, step: dict, table: dict, patches: list[Path],
-                 defined: dict[str, set[str]]) -> str:
+                 defined: dict[str, set[str]], release: dict) -> str:
     """Markdown: the base, the count sentence (new vs existing tests), one row per FAIL_TO_PASS test of the PR.
 
-    ``step``: the entry itself for a series judged as one block, else the commit's step; ``patches``: its patches.
+    ``step``: the entry itself for a series judged as one block, else the commit's step; ``patches``: its patches;
+    ``release``: what the last ``make outdated`` says of the base (``base_sentence``).
     """
     tests, prefix = step["tests"], f"upstream/{name}/"
     below = step.get("commit", 1) - 1
@@ -111,7 +118,7 @@ def gate_section(name: str, entry: dict, step: dict, table: dict, patches: list[
                 f"{verb(old, 'passes', 'pass')} in both stages" if files else "no existing upstream test runs")
     stages = ("*Before* = the release + the PRs below + only the tests of this PR, *after* = that + this PR."
               if below else "*Before* = the release + only the tests of this PR, *after* = the release + this PR.")
-    lines = [base_sentence(name, entry, table, below), "",
+    lines = [base_sentence(name, entry, table, below, release), "",
              f"{stages} "
              f"{plural(len(own), 'new test')} of this PR {verb(len(own), 'fails', 'fail')} before and "
              f"{verb(len(own), 'passes', 'pass')} after; {plural(len(new_guards), 'new test')} of this PR "
@@ -191,13 +198,14 @@ def defined_tests(repo: Path, commit: str, files: set[str]) -> dict[str, set[str
 
 
 def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: Path, url: str,
-           matrix_file: Path) -> dict[str, dict[str, str]]:
+           matrix_file: Path, outdated_file: Path = outdated.RECORD) -> dict[str, dict[str, str]]:
     """{name: {file name: the filled body}} for every upstream with a directory of templates in ``docs``; raise
-    KitError (nothing written) on any problem."""
+    KitError (nothing written) on any problem. ``outdated_file``: the record of the last ``make outdated``."""
     if not report_file.exists():
         raise KitError(f"{report_file} is missing: run `make gate` first")
     report = json.loads(report_file.read_text())
     table = sources.load(pins)
+    record = outdated.load_record(outdated_file)
     made = {}
     for folder in sorted(p for p in docs.iterdir() if p.is_dir()):
         name = folder.name
@@ -225,7 +233,8 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
         made[name] = {}
         for number, (step, template, own) in enumerate(zip(steps, templates, per_step, strict=True), 1):
             tested = {key.removeprefix(prefix).split("::")[0] for key in step["tests"] if key.startswith(prefix)}
-            gate = gate_section(name, entry, step, table[name], own, defined_tests(repo, "HEAD", tested))
+            release = outdated.release_status(record, table[name].get("package", name), entry["version"])
+            gate = gate_section(name, entry, step, table[name], own, defined_tests(repo, "HEAD", tested), release)
             touched = {f for p in own for f in stack.changed_files(p)}
             mine = [t for t in upstream_tests if t in touched] if len(steps) > 1 else upstream_tests
             reproduce = reproduce_section(name, entry, mine or upstream_tests, url)
@@ -241,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--docs", type=Path, default=sources.KIT_ROOT / "docs" / "pr")
     parser.add_argument("--report", type=Path, default=sources.KIT_ROOT / "build" / "gate" / "report.json")
     parser.add_argument("--matrix", type=Path, default=sources.KIT_ROOT / "build" / "matrix" / "report.json")
+    parser.add_argument("--outdated", type=Path, default=outdated.RECORD, help="the record of the last make outdated")
     parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "pr")
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
@@ -251,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     def work() -> int:
         try:
             url = kit_url(os.environ, args.root)
-            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, url, args.matrix)
+            made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, url, args.matrix,
+                          args.outdated)
         except KitError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

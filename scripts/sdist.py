@@ -27,10 +27,12 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> Path:
+def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = (), published_by: str = "") -> Path:
     """Return the path of ``pin``'s verified sdist in ``cache_dir``, downloading it with pip if needed.
 
     ``pip_options`` are extra ``pip download`` options (an index URL, ``--no-index --find-links DIR``).
+    ``published_by``: where ``pin.sha256`` comes from when it is not upstream/sources.toml (``make pin``: the
+    package index), for the message of a wrong hash.
     A cached archive is re-hashed on every call; one that differs from the pin is deleted and downloaded again
     (one line on stderr says so: the cache, not the pin, was bad). Raises KitError (one line, naming the file and
     the pin) when the download fails and nothing good is cached, or when the hash differs; a wrong archive is
@@ -54,7 +56,7 @@ def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> Path:
                      else f"it is not in {cache_dir}")
             raise KitError(f"cannot download {pin.sdist} ({pin.package}=={pin.version}, sha256 {pin.sha256}) and "
                            f"{where}: check the network or pip's index options, or put the file there ({reason})")
-        _verify(downloaded, pin)
+        _verify(downloaded, pin, published_by)
         shutil.move(downloaded, cached)
     if damaged:
         print(f"{pin.name} {pin.version}: the cached {cached.name} had sha256 {damaged}, not the pinned one: it was "
@@ -62,12 +64,17 @@ def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> Path:
     return cached
 
 
-def _verify(archive: Path, pin: Pin) -> None:
+def _verify(archive: Path, pin: Pin, published_by: str = "") -> None:
     actual = sha256_of(archive)
-    if actual != pin.sha256:
-        archive.unlink()
-        raise KitError(f"{archive.name} has sha256 {actual}, but upstream/sources.toml pins {pin.sha256} for "
-                       f"{pin.name} {pin.version}: the archive was deleted; check the pin and run again")
+    if actual == pin.sha256:
+        return
+    archive.unlink()
+    if published_by:
+        raise KitError(f"{archive.name} as pip downloaded it has sha256 {actual}, but {published_by} publishes "
+                       f"{pin.sha256} for {pin.name} {pin.version}: the archive was deleted and nothing was pinned; "
+                       "check where pip downloads from (PIP_OPTS) and run again")
+    raise KitError(f"{archive.name} has sha256 {actual}, but upstream/sources.toml pins {pin.sha256} for "
+                   f"{pin.name} {pin.version}: the archive was deleted; check the pin and run again")
 
 
 def _data_filter_no_absolute(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:

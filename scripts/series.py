@@ -127,12 +127,13 @@ def refuse_if_unexported(repo: Path, version: str, patch_dir: Path, doing: str, 
                        f"export` to keep them, or `make unapply DISCARD=1` to drop them, before {doing}")
 
 
-def check_apply(repo: Path, version: str, patch_dir: Path) -> str:
+def check_apply(repo: Path, version: str, patch_dir: Path, keep_conflict: bool = False) -> str:
     """Raise KitError, changing nothing, when ``apply`` would have to refuse; else return what it will do.
 
     Returns ``"done"`` (HEAD carries exactly the series), ``"switch"`` (the branch ``series/<version>`` does:
     check it out) or ``"am"`` (the series is applied anew with ``git am``; every patch was checked to apply
-    to the base with ``git apply --3way`` in a temporary index).
+    to the base with ``git apply --3way`` in a temporary index). A patch that does not apply is refused with
+    ``conflict_message`` unless ``keep_conflict`` (then ``git am`` is to stop there for the user).
     """
     base = require_base(repo, version)
     refuse_if_dirty(repo, "applying the series")
@@ -146,23 +147,48 @@ def check_apply(repo: Path, version: str, patch_dir: Path) -> str:
         return "switch"
     refuse_if_unexported(repo, version, patch_dir, "applying the series")
     failed = first_failing(repo, base, patch_files(patch_dir), "--3way")
-    if failed:
-        raise KitError(f"patches/{patch_dir.name}/{failed[0].name} does not apply to {repo.name} {version}"
-                       f"{_failed_file(failed[1])}: rebase the series (see README, 'Changing a patch')")
+    if failed and not keep_conflict:
+        raise KitError(conflict_message(repo, version, failed[0], failed_files(failed[1])))
     return "am"
 
 
-def apply(repo: Path, version: str, patch_dir: Path) -> str:
+class KeptConflict(KitError):
+    """``git am`` stopped at a patch that does not apply and was left so, as ``KEEP_CONFLICT=1`` asked."""
+
+
+def conflict_message(repo: Path, version: str, patch: Path, files: list[str], kept: bool = False,
+                     left: str = "") -> str:
+    """The one line of a patch that does not apply with ``git am --3way``: the patch, the files, and the next
+    commands; ``kept``: ``git am`` was left stopped at it in ``repo`` (``make apply KEEP_CONFLICT=1``); ``left``:
+    where the checkout is otherwise, when it moved (issue 30)."""
+    where = f"patches/{patch.parent.name}/{patch.name} does not apply to {repo.name} {version}" + (
+        f" (conflicts in {', '.join(files)})" if files else "")
+    choose = f"{repo.name.upper()}_VERSION={version}"
+    finish = (f"resolve the files, `git add` them and run `git am --continue` in {repo} (`git am --abort` gives up), "
+              f"then `make export {choose}` and `make gate {choose}`")
+    if kept:
+        number = int(patch.name.split("-")[0]) if patch.name.split("-")[0].isdigit() else 0
+        before = f"patches 1..{number - 1} applied" if number > 1 else "no patch applied before it"
+        return (f"{where}: git am stopped there in {repo} on {branch(version)} ({before}), as KEEP_CONFLICT=1 "
+                f"asked; {finish}")
+    return (f"{where}: {left + '; ' if left else ''}to rebase the series there, run `make apply {choose} "
+            f"KEEP_CONFLICT=1` (git am stops at this patch), {finish} (README, 'Changing a patch')")
+
+
+def apply(repo: Path, version: str, patch_dir: Path, keep_conflict: bool = False) -> str:
     """Check out ``series/<version>`` = ``base/<version>`` + every patch of ``patch_dir``; return a summary.
 
     A no-op when HEAD already carries exactly that series (but for putting the branch there); checks out the
     branch ``series/<version>`` when it carries exactly the series (no ``git am``, so the user's exported commits
     stay the user's). Raises KitError, changing nothing, in the cases of ``check_apply``; when ``git am`` fails
-    all the same (or is interrupted), aborts it, leaves the checkout on the base and names the patch and the file.
+    all the same (or is interrupted), aborts it, leaves the checkout on the base and names the patch and the files.
+    With ``keep_conflict`` a patch that does not apply leaves ``git am`` stopped at it on ``series/<version>``, its
+    conflicts in the work tree, and raises KitError saying how to go on (``conflict_message``); an interrupt still
+    aborts.
     """
     base = f"base/{version}"
     patches = patch_files(patch_dir)
-    step = check_apply(repo, version, patch_dir)
+    step = check_apply(repo, version, patch_dir, keep_conflict)
     git(repo, "update-ref", "-d", LEGACY_REF, check=False)
     if step == "done":
         if current_branch(repo) != branch(version):
@@ -179,33 +205,50 @@ def apply(repo: Path, version: str, patch_dir: Path) -> str:
                          *map(str, patches), env=COMMITTER_ENV, check=False)
         except KeyboardInterrupt:
             result = None
+        if result is not None and result.returncode != 0 and keep_conflict:
+            output = result.stdout + result.stderr
+            unmerged = git(repo, "diff", "--name-only", "--diff-filter=U").stdout.split()
+            raise KeptConflict(conflict_message(repo, version, _failed(output, patches),
+                                                unmerged or failed_files(output), kept=True))
         if result is None or result.returncode != 0:
             git(repo, "am", "--abort", check=False)
             git(repo, "checkout", "--quiet", "--detach", base)
             if result is None:
                 raise KeyboardInterrupt
-            raise KitError(f"{_failed_patch(result.stdout + result.stderr, patches)} does not apply to "
-                           f"{repo.name} {version}{_failed_file(result.stdout + result.stderr)}: the checkout "
-                           f"was left on {base}; rebase the series (see README, 'Changing a patch')")
+            output = result.stdout + result.stderr
+            raise KitError(conflict_message(repo, version, _failed(output, patches), failed_files(output),
+                                            left=f"the checkout was left on {base}"))
     git(repo, "update-ref", applied_ref(version), "HEAD")
     return f"{repo.name}: applied {count(patches)} on {base}, HEAD {rev(repo)[:12]}"
 
 
-def _failed_patch(output: str, patches: list[Path]) -> str:
-    """Name the patch file of git am's 'Patch failed at NNNN subject' line (the first patch if none)."""
+def _failed(output: str, patches: list[Path]) -> Path:
+    """The patch file of git am's 'Patch failed at NNNN subject' line (the first patch if none)."""
     found = re.search(r"Patch failed at (\d+)", output)
     index = int(found.group(1)) - 1 if found else 0
-    return f"patches/{patches[index].parent.name}/{patches[index].name}" if index < len(patches) else "a patch"
+    return patches[min(index, len(patches) - 1)]
+
+
+def _failed_patch(output: str, patches: list[Path]) -> str:
+    """``patches/<name>/<file>`` of the patch git am's output names as failing (scripts/worktree.py)."""
+    patch = _failed(output, patches)
+    return f"patches/{patch.parent.name}/{patch.name}"
+
+
+FAILED_FILE = (r"error: patch failed: ([^:\n]+):", r"Merge conflict in (\S+)", r"error: ([^:\n]+): does not",
+               r"lacking or useless \(([^)\n]+)\)", r"Applied patch to '([^'\n]+)' with conflicts")
+
+
+def failed_files(output: str) -> list[str]:
+    """Every file that git am's or git apply's output names as failing or conflicting, in order, once each."""
+    found = [(m.start(), m.group(1)) for pattern in FAILED_FILE for m in re.finditer(pattern, output)]
+    return list(dict.fromkeys(name for _, name in sorted(found)))
 
 
 def _failed_file(output: str) -> str:
     """Return ' (file: PATH)' for the first file git am names as failing, or '' when it names none."""
-    for pattern in (r"error: patch failed: ([^:\n]+):", r"Merge conflict in (\S+)", r"error: ([^:\n]+): does not",
-                    r"lacking or useless \(([^)\n]+)\)", r"Applied patch to '([^'\n]+)' with conflicts"):
-        found = re.search(pattern, output)
-        if found:
-            return f" (file: {found.group(1)})"
-    return ""
+    files = failed_files(output)
+    return f" (file: {files[0]})" if files else ""
 
 
 def check_unapply(repo: Path, version: str, patch_dir: Path, discard: bool = False) -> None:

@@ -4,6 +4,7 @@ Commands (each acts on every upstream in ``upstream/sources.toml``, or on ``--on
   checkout  make ``upstream/<name>/`` with the pristine commit ``base/<version>`` (sdist: download, verify,
             cache; or ``--source git``: the upstream's tag)
   apply     checkout, then ``base/<version>`` + ``patches/<name>/*.patch`` on branch ``series/<version>``
+            (``--keep-conflict``: a patch that does not apply leaves ``git am`` stopped there, for the user)
   unapply   back to ``base/<version>`` (refuses to drop uncommitted edits or unexported commits)
   export    ``patches/<name>/`` regenerated from ``base/<version>..HEAD`` with ``git format-patch``
             (``--resign``: first re-signed with your git identity)
@@ -41,6 +42,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="verified sdists are kept here")
     parser.add_argument("--pip-options", default="", help="extra pip options, one shell-quoted string")
     parser.add_argument("--discard", action="store_true", help="unapply: drop commits that are not exported")
+    parser.add_argument("--keep-conflict", action="store_true",
+                        help="apply: a patch that does not apply leaves git am stopped there for you to resolve")
     parser.add_argument("--resign", action="store_true",
                         help="export: first make you (git's user.name/email) author and sole Signed-off-by")
     parser.add_argument("--check-only", action="store_true",
@@ -129,7 +132,7 @@ def run(args: argparse.Namespace) -> list[str]:
         for name, pin in pins.items():
             repo, patch_dir = args.checkouts / name, args.patches / name
             if args.command == "apply":
-                series.check_apply(repo, pin.version, patch_dir)
+                series.check_apply(repo, pin.version, patch_dir, args.keep_conflict)
             elif args.command == "unapply":
                 series.check_unapply(repo, pin.version, patch_dir, args.discard)
             elif args.command == "export":
@@ -143,7 +146,7 @@ def run(args: argparse.Namespace) -> list[str]:
         for name, pin in pins.items():
             repo, patch_dir = args.checkouts / name, args.patches / name
             if args.command == "apply":
-                say(series.apply(repo, pin.version, patch_dir))
+                say(series.apply(repo, pin.version, patch_dir, args.keep_conflict))
             elif args.command == "unapply":
                 say(series.unapply(repo, pin.version, patch_dir, args.discard))
             elif args.command == "export":
@@ -154,6 +157,8 @@ def run(args: argparse.Namespace) -> list[str]:
                 say(install(pin, repo, sources.load(args.sources)[name], pip_options))
                 compile_bytecode(pin, repo)
             done.append(name)
+    except series.KeptConflict as e:  # it says where git am stopped
+        raise KitError(f"{e}" + (f" ({', '.join(done)} changed as shown above)" if done else "")) from None
     except KitError as e:
         changed = f"{', '.join(done)} changed as shown above" if done else "no checkout changed"
         raise KitError(f"{e} ({changed})") from None

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scripts import grading
+from scripts import grading, outdated
 from scripts.grading import Result
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
@@ -174,3 +174,18 @@ def test_a_kit_test_marked_with_a_key_no_commit_has_is_a_violation():
     _, violations, _ = grading.judge(up)
     assert f"tiny {GUARD}: marked regression(tiny, 'typo'), a key that no [[tiny.gate.commits]] table has" \
         in violations
+
+
+def test_report_says_whether_each_base_is_the_newest_release_of_the_last_make_outdated():
+    """Issue 30: the base 1.0 and a newer 1.1 on record; then the base is the newest; then no record at all."""
+    record = {"asked": "2026-12-03 10:00 UTC", "packages": {"tiny": {"newest": "1.1", "released": {
+        "1.0": "2026-01-01", "1.1": "2026-03-01"}}}}
+    newer = {**META, "releases": {"tiny": outdated.release_status(record, "tiny", "1.0")}}
+    assert ("tiny 1.0 is not the newest release: tiny 1.1 (2026-03-01) is newer, as of the last `make outdated` "
+            "(2026-12-03 10:00 UTC).") in grading.report([upstream()], newer)[1]
+    record["packages"]["tiny"]["newest"] = "1.0"
+    current = {**META, "releases": {"tiny": outdated.release_status(record, "tiny", "1.0")}}
+    assert "tiny 1.0 is the newest release, as of the last `make outdated` (2026-12-03 10:00 UTC)." in \
+        grading.report([upstream()], current)[1]
+    unknown = {**META, "releases": {"tiny": outdated.release_status(None, "tiny", "1.0")}}
+    assert "No `make outdated` is on record for tiny" in grading.report([upstream()], unknown)[1]

@@ -63,7 +63,7 @@ def run_pr(kit, monkeypatch, url: str | None = "https://github.com/someone/kit")
     else:
         monkeypatch.setenv("KIT_URL", url)
     return pr.main([f"--docs={kit.root / 'docs'}", f"--report={kit.root / 'report.json'}", f"--out={kit.root / 'out'}",
-                    f"--matrix={kit.root / 'matrix.json'}",
+                    f"--matrix={kit.root / 'matrix.json'}", f"--outdated={kit.root / 'outdated.json'}",
                     f"--checkouts={kit.root / 'upstream'}", f"--patches={kit.root / 'patches'}",
                     f"--sources={kit.root / 'sources.toml'}", f"--root={kit.root}"])
 
@@ -173,3 +173,35 @@ def test_a_stack_gets_one_body_per_commit_headed_by_the_stack(pr_kit, monkeypatc
     assert "1 new test of this PR fails before and passes after; 0 new tests of this PR pass in both stages" in body
     (pr_kit.root / "docs" / "tiny" / "2.md").unlink()
     assert run_pr(pr_kit, monkeypatch) == 1
+
+
+def outdated_record(kit, newest: str) -> None:
+    """The last `make outdated`: tiny 1.0 released 2026-02-01, 1.1 on 2026-03-01; ``newest`` the newest of them."""
+    released = {"1.0": "2026-02-01", "1.1": "2026-03-01"}
+    (kit.root / "outdated.json").write_text(json.dumps({"asked": "2026-12-03 10:00 UTC", "packages": {
+        "tiny": {"newest": newest, "released": {v: d for v, d in released.items() if v <= newest}}}}))
+
+
+@pytest.mark.parametrize("newest, release, snapshot", [
+    (None, "No `make outdated` is on record for tiny: whether it released after 1.0 is not known",
+     "how old that snapshot is relative to the newest release is not known (no `make outdated` on record for tiny)"),
+    ("1.0", "tiny 1.0 is the newest release, as of the last `make outdated` (2026-12-03 10:00 UTC).",
+     "that snapshot is 30 days older than tiny 1.0 (2026-02-01), this base and the newest release: the release is "
+     "the newest upstream code the series was checked against."),
+    ("1.1", "tiny 1.0 is not the newest release: tiny 1.1 (2026-03-01) is newer, as of the last `make outdated`",
+     "that snapshot is 58 days older than tiny 1.1 (2026-03-01), the newest release, which the series was not "
+     "checked against; the newest upstream code it was checked against is this base, tiny 1.0 (2026-02-01)."),
+], ids=["no-record", "base-is-newest", "newer-release"])
+def test_the_body_says_whether_the_base_is_newest_and_how_old_the_snapshot_is(pr_kit, monkeypatch, newest, release,
+                                                                               snapshot):
+    """Issue 30: a body never calls a base the newest when the last `make outdated` knows a newer one, and dates the
+    default-branch snapshot against the newest release."""
+    if newest:
+        outdated_record(pr_kit, newest)
+    with open(pr_kit.root / "sources.toml", "a") as f:
+        f.write('[tiny.default_branch]\nbranch = "main"\ncommit = "0123456789abcdef"\ncommitted = "2026-01-02"\n'
+                f'checked = "2026-01-03"\napplies = true\nhow = "`git am --3way`"\nseries = "{SERIES_ID}"\n')
+    assert run_pr(pr_kit, monkeypatch) == 0
+    body = (pr_kit.root / "out" / "tiny" / BODY).read_text()
+    assert release in body and snapshot in body
+    assert ("is the newest release" in body) == (newest == "1.0")
