@@ -1,28 +1,44 @@
-"""What the DeepSpeed series' follow-ups cost: disk per cluster reshuffle, and sampler time per step.
+"""What the DeepSpeed series costs against the pristine release: disk under ``data_cluster_path``, the sampler
+state's size, CPU per micro-batch, and ``load_state_dict()``.
 
 Run in the kit's venv, on the DeepSpeed checkout as installed (``make apply``: the series applied):
-``.venv/bin/python -m scripts.deepspeed_cost [--samples N] [--micro-batch B] [--epochs E] [--json PATH]``.
+``.venv/bin/python -m scripts.deepspeed_cost [--samples N] [--passes 1,10,60] [--json PATH]`` (``--help`` for all).
+Both samplers run in this process, the release's ``DeepSpeedDataSampler`` read with git from ``base/<version>`` of
+``upstream/deepspeed`` and imported beside the installed module; their two collectives are replaced by no-ops (one
+process, global rank 0, one data-parallel rank). Prints a table; with ``--json`` also writes the numbers there.
 
-Disk (commit 2, "Write each curriculum cluster reshuffle to a new file"): every reshuffle of a difficulty cluster
-writes a new MMapIndexedDataset pair under ``data_cluster_path``: ``.bin`` holds the permuted sample ids,
-``size * itemsize`` bytes, with ``itemsize`` from ``find_fit_int_dtype(0, one_epoch_total_samples)``
-(deepspeed/runtime/data_pipeline/data_sampling/utils.py: 1, 2, 4 or 8 bytes); ``.idx`` holds a fixed header and
-per item an int32 size, an int64 pointer and an int64 document index (indexed_dataset.py, class
-``MMapIndexedDataset.Index.writer``). The script computes that for 10^8 samples and checks the formula against the
-bytes a run of ``--samples`` samples (single cluster) leaves on disk after ``--epochs`` epochs.
+- Disk: the bytes of the files under ``data_cluster_path`` after ``--passes`` passes over a dataset of ``--samples``
+  samples (micro-batch ``--disk-micro-batch``), with one difficulty cluster (``single_cluster``) and with three
+  (percentile-based, 1/2, 1/4 and 1/4 of the samples, added at curriculum steps 1, 4 and 7). A cluster's file holds
+  ``size * itemsize`` bytes of sample ids (``find_fit_int_dtype(0, samples)``: 4 bytes per sample up to 2^32,
+  deepspeed/runtime/data_pipeline/data_sampling/utils.py) plus a 62-byte ``.idx``.
+- State: bytes of ``state_dict()`` through ``torch.save`` after the last pass (the zip file torch writes), and the
+  bytes a cluster adds: the pickled per-cluster entries (file name, position; with the series also the reshuffle's
+  generator state and the file's CRC-32) with three clusters less those with one, halved.
+- Memory: the series keeps the permutation of each reshuffled cluster in memory on global rank 0 (bytes of those
+  arrays after the last pass); the release reads it back from the file it rewrote.
+- CPU: seconds of this process (``time.process_time``, so other jobs on the machine count less than in wall time)
+  per micro-batch over ``--steps`` micro-batches (micro-batch ``--micro-batch``, ``--gradient-accumulation`` of them
+  per global batch, a single cluster of ``--cpu-samples`` samples, so that it is reshuffled), without and with
+  ``post_process_func`` (then ``state_dict()`` once per micro-batch, as ``DeepSpeedDataLoader.__next__`` calls it),
+  and, for the series, tracking the DataLoader's prefetch as with ``data_sampling.num_workers > 0`` (``PREFETCH``
+  micro-batches drawn ahead, one ``_batch_consumed()`` per micro-batch). Each variant runs ``--repeat`` times in turn;
+  the median is reported, and its ratio to the release's of the same ``post_process_func`` setting (the release runs
+  the same with and without workers: it tracks nothing). Also the CPU of one ``state_dict()`` call (median of
+  ``--repeat`` runs of ``--steps`` calls) after the CPU run, and of one ``np.random.get_state()``, which both call.
+- Load: CPU seconds of ``load_state_dict()`` of the state after the last pass (the series reads each cluster file
+  for its checksum and shuffles each reshuffled cluster once).
 
-Time: CPU seconds of this process per curriculum step (one global batch drawn and sliced) of the sampler of the
-pristine release (``base/<version>``, read with git from ``upstream/deepspeed`` and imported beside the installed
-module), of the installed one, and of the installed one tracking the DataLoader's prefetch (commit 3, what
-``data_sampling.num_workers > 0`` turns on), all in this process, reported as ratios to the pristine release.
-The sampler's two collectives are replaced by no-ops (one process, global rank 0). Prints a table; with ``--json``
-also writes the numbers there. Raises SystemExit with a one-line message when the checkout has no base.
+Raises SystemExit with a one-line message when the checkout has no base.
 """
 
 import argparse
 import importlib.util
+import io
 import json
 import os
+import pickle
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,21 +51,14 @@ import numpy as np
 KIT_ROOT = Path(__file__).resolve().parents[1]
 CHECKOUT = KIT_ROOT / "upstream" / "deepspeed"
 SAMPLER_PATH = "deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py"
-# MMapIndexedDataset.Index.writer: magic (9 bytes), version (<Q), dtype code (<B), len(sizes) (<Q),
-# len(doc_idx) (<Q); then sizes int32, pointers int64, doc_idx int64.
-IDX_HEADER = 9 + 8 + 1 + 8 + 8
-
-
-def idx_bytes(items: int, documents: int) -> int:
-    """Bytes of an ``.idx`` file with ``items`` items and a document index of ``documents`` entries."""
-    return IDX_HEADER + 4 * items + 8 * items + 8 * documents
-
-
-def reshuffle_bytes(samples: int) -> int:
-    """Bytes one reshuffle of a cluster of ``samples`` samples adds (``.bin`` + ``.idx``; one item, doc_idx [0, 1])."""
-    from deepspeed.runtime.data_pipeline.data_sampling.utils import find_fit_int_dtype
-
-    return samples * np.dtype(find_fit_int_dtype(0, samples)).itemsize + idx_bytes(1, 2)
+PREFETCH = 4  # num_workers * prefetch_factor with 2 workers and torch's default prefetch factor
+# The state's per-cluster lists (data_pipeline/constants.py); the last two are the series'.
+PER_CLUSTER_KEYS = (
+    "data_cluster_paths",
+    "data_cluster_current_position",
+    "data_cluster_reshuffle_rng_states",
+    "data_cluster_checksums",
+)
 
 
 def pristine_sampler_class():
@@ -72,52 +81,179 @@ def pristine_sampler_class():
     return module.DeepSpeedDataSampler
 
 
-def make_sampler(cls, cluster_dir: str, samples: int, micro_batch: int, epochs: int):
-    """A single-cluster curriculum sampler of class ``cls`` on global rank 0, one data-parallel rank."""
-    metric = {
-        "clustering_type": "single_cluster",
-        "difficulty_type": "value",
-        "min_difficulty": 1,
-        "max_difficulty": 3,
+def metric(root: str, samples: int, clusters: int) -> dict:
+    """The difficulty metric of ``clusters`` clusters (1 or 3), writing its index_to_sample map under ``root``."""
+    if clusters == 1:
+        return {
+            "clustering_type": "single_cluster",
+            "difficulty_type": "value",
+            "min_difficulty": 1,
+            "max_difficulty": 3,
+            "schedule_type": "fixed_discrete",
+            "schedule_config": {"difficulty": [1, 2, 3], "max_step": [3, 6]},
+        }
+    from deepspeed.runtime.data_pipeline.data_sampling.utils import (
+        close_mmap_dataset_builder,
+        create_mmap_dataset_builder,
+        find_fit_int_dtype,
+    )
+
+    path = os.path.join(root, "index_to_sample")
+    if not os.path.exists(path + ".idx"):
+        builder = create_mmap_dataset_builder(path, find_fit_int_dtype(0, samples))
+        for row in np.array_split(np.random.default_rng(0).permutation(samples), 8):
+            builder.add_item_numpy(row)
+        close_mmap_dataset_builder(builder, path)
+    return {
+        "clustering_type": "schedule_based",
+        "difficulty_type": "percentile",
+        "min_difficulty": 2,
+        "max_difficulty": 4,
+        "index_to_sample_path": path,
         "schedule_type": "fixed_discrete",
-        "schedule_config": {"difficulty": [1, 2, 3], "max_step": [3, 6]},
+        "schedule_config": {"difficulty": [2, 3, 4], "max_step": [3, 6]},
     }
-    config = {
-        "seed": 1234,
-        "data_sampling": {
-            "num_epochs": epochs + 1,
-            "curriculum_learning": {
-                "enabled": True,
-                "data_cluster_path": cluster_dir,
-                "curriculum_metrics": {"difficulty": metric},
-            },
-        },
+
+
+def make_sampler(cls, root: str, run: str, samples: int, micro_batch: int, accumulation: int, clusters: int = 1):
+    """A curriculum sampler of class ``cls`` on global rank 0, one data-parallel rank, ``data_cluster_path``
+    ``root/run``."""
+    curriculum = {
+        "enabled": True,
+        "data_cluster_path": os.path.join(root, run),
+        "curriculum_metrics": {"difficulty": metric(root, samples, clusters)},
     }
-    return cls(config, samples, micro_batch, 0, 1, SimpleNamespace(size=lambda: 1), 1, 0)
+    config = {"seed": 1234, "data_sampling": {"num_epochs": 10**6, "curriculum_learning": curriculum}}
+    return cls(config, samples, micro_batch, 0, 1, SimpleNamespace(size=lambda: 1), accumulation, 0)
 
 
 def directory_bytes(path: str) -> int:
     return sum(entry.stat().st_size for entry in os.scandir(path) if entry.is_file())
 
 
-def run(sampler, steps: int, consume: bool) -> float:
-    """CPU seconds of this process per step (``time.process_time``: other jobs on the machine count less than in
-    wall time) over ``steps`` micro-batches (one per global batch here); ``consume``: call
-    ``batch_consumed()`` after each, as DeepSpeedDataLoader does with workers."""
+def torch_saved_bytes(state: dict) -> int:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return len(buffer.getvalue())
+
+
+def per_cluster_bytes(state: dict) -> int:
+    """Pickled bytes of the per-cluster entries of ``state``."""
+    keys = [key for key in PER_CLUSTER_KEYS if key in state]
+    clusters = range(len(state["data_cluster_paths"]))
+    return len(pickle.dumps([[state[key][index] for key in keys] for index in clusters]))
+
+
+def disk_and_state(classes: dict, args, root: str) -> dict:
+    """{clusters: {label: {"bytes_after_passes", "state_bytes", "state_bytes_per_cluster", "memory_bytes",
+    "load_cpu_s", "files"}}} over the passes of ``args.passes``."""
+    results = {}
+    for clusters in (1, 3):
+        for label, cls in classes.items():
+            run = f"disk-{label}-{clusters}"
+            sampler = make_sampler(cls, root, run, args.samples, args.disk_micro_batch, 1, clusters)
+            batches, after = iter(sampler), {}
+            for passes in args.passes:
+                while sampler.consumed_samples < passes * args.samples:
+                    next(batches)
+                after[passes] = directory_bytes(os.path.join(root, run))
+            state = sampler.state_dict()
+            reshuffled = [c[0] for c in sampler.data_clusters if isinstance(c, list)]  # the series' in memory
+            loader = make_sampler(cls, root, run, args.samples, args.disk_micro_batch, 1, clusters)
+            started = time.process_time()
+            loader.load_state_dict(pickle.loads(pickle.dumps(state)))
+            results.setdefault(clusters, {})[label] = {
+                "bytes_after_passes": after,
+                "files": len(os.listdir(os.path.join(root, run))),
+                "state_bytes": torch_saved_bytes(state),
+                "per_cluster_entries_bytes": per_cluster_bytes(state),
+                "memory_bytes": sum(array.nbytes for array in reshuffled),
+                "load_cpu_s": time.process_time() - started,
+            }
+    for label in classes:
+        results[3][label]["state_bytes_per_cluster"] = (
+            results[3][label]["per_cluster_entries_bytes"] - results[1][label]["per_cluster_entries_bytes"]
+        ) / 2
+    return results
+
+
+def cpu_run(sampler, steps: int, post_process: bool, track: bool) -> float:
+    """CPU seconds per micro-batch over ``steps`` micro-batches: with ``post_process``, ``state_dict()`` after each;
+    with ``track``, ``PREFETCH`` micro-batches drawn ahead and ``_batch_consumed()`` for each consumed."""
     batches = iter(sampler)
-    start = time.process_time()
+    if track:
+        sampler._track_prefetch()
+        for _ in range(PREFETCH):
+            next(batches)
+    started = time.process_time()
     for _ in range(steps):
         next(batches)
-        if consume:
-            sampler.batch_consumed()
-    return (time.process_time() - start) / steps
+        if track:
+            sampler._batch_consumed()
+        if post_process:
+            sampler.state_dict()
+    return (time.process_time() - started) / steps
+
+
+def state_dict_call(sampler, calls: int) -> float:
+    """CPU seconds of one ``state_dict()`` call, over ``calls`` calls."""
+    started = time.process_time()
+    for _ in range(calls):
+        sampler.state_dict()
+    return (time.process_time() - started) / calls
+
+
+def cpu_per_micro_batch(classes: dict, args, root: str) -> tuple[dict, dict]:
+    """{variant: median CPU seconds per micro-batch} and {variant: median CPU seconds of a state_dict() call};
+    variants "<label>" and "<label>, post_process_func", and for the series also "<label>, workers" and "<label>,
+    workers, post_process_func" (the calls: of the variants without post_process_func)."""
+    variants = []
+    for label, cls in classes.items():
+        for track in (False, True) if label != "0.19.8" else (False,):
+            for post_process in (False, True):
+                name = label + (", workers" if track else "") + (", post_process_func" if post_process else "")
+                variants.append((name, cls, post_process, track))
+    seconds = {name: [] for name, *_ in variants}
+    calls = {name: [] for name, _, post_process, _ in variants if not post_process}
+    for _ in range(args.repeat):
+        for name, cls, post_process, track in variants:
+            sampler = make_sampler(
+                cls,
+                root,
+                f"cpu-{len(seconds[name])}-{name}",
+                args.cpu_samples,
+                args.micro_batch,
+                args.gradient_accumulation,
+            )
+            seconds[name].append(cpu_run(sampler, args.steps, post_process, track))
+            if name in calls:
+                calls[name].append(state_dict_call(sampler, args.steps))
+    calls["np.random.get_state()"] = [
+        state_dict_call(SimpleNamespace(state_dict=np.random.get_state), args.steps) for _ in range(args.repeat)
+    ]
+    return median_by_name(seconds), median_by_name(calls)
+
+
+def median_by_name(values_by_name: dict) -> dict:
+    return {name: statistics.median(values) for name, values in values_by_name.items()}
+
+
+def passes_list(text: str) -> list[int]:
+    return sorted({int(part) for part in text.split(",")})
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=200_000, help="samples of the toy dataset (default 200000)")
-    parser.add_argument("--micro-batch", type=int, default=256, help="micro-batch size (default 256)")
-    parser.add_argument("--epochs", type=int, default=3, help="epochs to run, one reshuffle each (default 3)")
+    parser.add_argument("--samples", type=int, default=200_000, help="dataset of the disk part (default 200000)")
+    parser.add_argument("--passes", type=passes_list, default=[1, 10, 60], help="passes to measure (default 1,10,60)")
+    parser.add_argument("--disk-micro-batch", type=int, default=4096, help="micro-batch of the disk part")
+    parser.add_argument("--cpu-samples", type=int, default=20_000, help="dataset of the CPU part (default 20000)")
+    parser.add_argument("--micro-batch", type=int, default=8, help="micro-batch of the CPU part (default 8)")
+    parser.add_argument("--gradient-accumulation", type=int, default=16, help="CPU part (default 16)")
+    parser.add_argument("--steps", type=int, default=20_000, help="micro-batches per CPU run (default 20000)")
+    parser.add_argument("--repeat", type=int, default=3, help="CPU runs per variant (default 3)")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
@@ -126,45 +262,46 @@ def main(argv=None) -> int:
 
     data_sampler.dist.barrier = lambda *a, **k: None
     data_sampler.dist.broadcast = lambda *a, **k: None
-    steps = args.epochs * args.samples // args.micro_batch
-    pristine = pristine_sampler_class()
-    numbers = {"samples": args.samples, "micro_batch": args.micro_batch, "steps": steps}
-    with tempfile.TemporaryDirectory() as root:
-        seconds = {}
-        for label, cls, track in (
-            ("0.19.8", pristine, False),
-            ("series", DeepSpeedDataSampler, False),
-            ("series, tracking the prefetch", DeepSpeedDataSampler, True),
-        ):
-            cluster_dir = os.path.join(root, label.replace(" ", "_").replace(",", ""))
-            sampler = make_sampler(cls, cluster_dir, args.samples, args.micro_batch, args.epochs)
-            if track:
-                sampler.track_prefetch()
-            seconds[label] = run(sampler, steps, track)
-            if label == "series":
-                files = sorted(os.listdir(cluster_dir))
-                reshuffles = sum(name.endswith(".bin") for name in files) - 1
-                measured = (directory_bytes(cluster_dir) - reshuffle_bytes(args.samples)) / max(reshuffles, 1)
-                numbers.update(
-                    reshuffles=reshuffles,
-                    measured_bytes_per_reshuffle=measured,
-                    computed_bytes_per_reshuffle=reshuffle_bytes(args.samples),
-                )
-    numbers["bytes_per_reshuffle_1e8_samples"] = reshuffle_bytes(10**8)
-    numbers["seconds_per_step"] = seconds
-    numbers["ratio_to_pristine"] = {label: seconds[label] / seconds["0.19.8"] for label in seconds}
+    classes = {"0.19.8": pristine_sampler_class(), "series": DeepSpeedDataSampler}
+    with tempfile.TemporaryDirectory(prefix="kit-deepspeed-cost-") as root:
+        disk = disk_and_state(classes, args, root)
+        cpu, calls = cpu_per_micro_batch(classes, args, root)
+    ratios = {
+        name: value / cpu["0.19.8" + (", post_process_func" if "post_process_func" in name else "")]
+        for name, value in cpu.items()
+    }
+    numbers = {
+        "args": {key: value for key, value in vars(args).items() if key != "json"},
+        "disk_and_state": disk,
+        "cpu_s_per_micro_batch": cpu,
+        "cpu_ratio_to_release": ratios,
+        "state_dict_cpu_s": calls,
+    }
+    print(f"disk under data_cluster_path, {args.samples} samples (bytes after passes {args.passes}; files):")
+    for clusters, by_label in disk.items():
+        for label, d in by_label.items():
+            sizes = ", ".join(f"{d['bytes_after_passes'][p]:,}" for p in args.passes)
+            print(f"  {clusters} cluster(s) {label:8} {sizes}; {d['files']} files")
     print(
-        f"disk: {numbers['reshuffles']} reshuffles of a single cluster of {args.samples} samples: "
-        f"{numbers['measured_bytes_per_reshuffle']:.0f} bytes each on disk, "
-        f"{numbers['computed_bytes_per_reshuffle']} computed from the file format"
+        f"state after {args.passes[-1]} passes (torch.save bytes); rank 0's permutations in memory; load_state_dict:"
     )
+    for clusters, by_label in disk.items():
+        for label, d in by_label.items():
+            print(
+                f"  {clusters} cluster(s) {label:8} {d['state_bytes']:,} bytes; "
+                f"in memory {d['memory_bytes']:,} bytes; load_state_dict {d['load_cpu_s'] * 1e3:.1f} ms CPU"
+            )
+    for label, d in disk[3].items():
+        print(f"  bytes a cluster adds to the state, {label}: {d['state_bytes_per_cluster']:.0f}")
     print(
-        f"disk: 10^8 samples: {numbers['bytes_per_reshuffle_1e8_samples']} bytes per reshuffle "
-        f"({numbers['bytes_per_reshuffle_1e8_samples'] / 1e6:.1f} MB)"
+        f"CPU per micro-batch ({args.steps} micro-batches of {args.micro_batch}, global batch "
+        f"{args.micro_batch * args.gradient_accumulation}, median of {args.repeat}; ratio to 0.19.8):"
     )
-    print(f"CPU time per step ({steps} steps of micro-batch {args.micro_batch}, one rank):")
-    for label, value in seconds.items():
-        print(f"  {label:32} {value * 1e6:9.1f} us   x{numbers['ratio_to_pristine'][label]:.3f}")
+    for name, value in cpu.items():
+        print(f"  {name:40} {value * 1e6:8.1f} us   x{ratios[name]:.2f}")
+    print("CPU of one state_dict() call, and of np.random.get_state() (median):")
+    for name, value in calls.items():
+        print(f"  {name:40} {value * 1e6:8.1f} us   x{value / calls['0.19.8']:.2f}")
     if args.json:
         args.json.write_text(json.dumps(numbers, indent=1))
     return 0

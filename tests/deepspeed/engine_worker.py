@@ -11,8 +11,11 @@ uninterrupted run (``uninterrupted``); of a run that saves a checkpoint after ea
 trains on past cluster reshuffles and new clusters, and dies right after its last checkpoint (``died``); and, for
 each of its checkpoints, of a new engine that loads it with the same ``data_cluster_path`` and trains
 ``STEPS_AFTER`` steps (``resumed``, keyed by the checkpoint's step; the last checkpoint is loaded first, as a
-restarted job does, then the older one). This script only records; the parent test compares and asserts. A
-scenario that raises records its traceback instead.
+restarted job does, then the older ones). For each of these runs it also records, per micro-batch training takes,
+the ``consumed_samples`` that ``post_process_func`` receives with it (``consumed``) and, for the run that died, how
+many reshuffles this rank's sampler had made by then (``died_reshuffles``; the DataLoader's workers prefetch ahead).
+This script only records; the parent test compares and asserts. A scenario that raises records its traceback
+instead.
 """
 
 import os
@@ -29,9 +32,11 @@ from tests.rank_worker import run_scenarios, use_forkserver  # noqa: E402
 
 MICRO_BATCH = 2
 GRADIENT_ACCUMULATION = 2
-# Optimizer steps after which the run saves a checkpoint. Up to the first no cluster is reshuffled yet; between the
-# two the run passes an epoch, a reshuffle of every scenario's clusters and (several_clusters) two new clusters.
-SAVE_AT = (3, 14)
+# Optimizer steps after which the run saves a checkpoint. Up to the first no cluster is reshuffled yet; by the last
+# the run passed an epoch, a reshuffle of every scenario's clusters and (several_clusters) two new clusters. With
+# workers (several_clusters, 1 and 2 ranks) the last is in a prefetch window before a reshuffle: the workers have
+# drawn micro-batches from a reshuffled cluster that training has not reached (test_engine_resume checks it).
+SAVE_AT = (3, 8, 14)
 STEPS_AFTER = 6  # optimizer steps each restart trains
 # name: (difficulty metric, data_sampling.num_workers)
 SCENARIOS = {
@@ -76,6 +81,28 @@ def engine_for(metric, num_workers, cluster_dir):
     return engine, loader
 
 
+def observe(engine, loader):
+    """Per micro-batch training takes from now on: the ``consumed_samples`` that ``post_process_func`` receives and
+    the sampler's reshuffles so far (lists, filled as the engine trains)."""
+    seen = {"consumed": [], "reshuffles": []}
+    reshuffles = []
+    sampler = loader.data_sampler
+    original = sampler.reshuffle_clusters
+
+    def counting_reshuffle(cidx):
+        reshuffles.append(cidx)
+        original(cidx)
+
+    def post_process(data, state):
+        seen["consumed"].append(state["consumed_samples"])
+        seen["reshuffles"].append(len(reshuffles))
+        return data
+
+    sampler.reshuffle_clusters = counting_reshuffle  # an instance attribute: the sampler calls self.reshuffle_...
+    engine.set_data_post_process_func(post_process)
+    return seen
+
+
 def train(engine, batches, steps):
     """``steps`` optimizer steps on the iterator ``batches``; returns the sample ids of every micro-batch."""
     seen = []
@@ -101,12 +128,14 @@ def scenario(out_dir, name):
     metric, num_workers = SCENARIOS[name]
     root = os.path.join(out_dir, name)
     engine, loader = engine_for(metric, num_workers, os.path.join(root, "clusters-uninterrupted"))
+    consumed = {"uninterrupted": observe(engine, loader)["consumed"], "resumed": {}}
     uninterrupted = train(engine, iter(loader), SAVE_AT[-1] + STEPS_AFTER)
     stop_workers(loader)
 
     cluster_dir = os.path.join(root, "clusters")
     checkpoints = os.path.join(root, "checkpoints")
     engine, loader = engine_for(metric, num_workers, cluster_dir)
+    died_seen = observe(engine, loader)
     batches, died, done = iter(loader), [], 0
     for step in SAVE_AT:
         died += train(engine, batches, step - done)
@@ -119,12 +148,15 @@ def scenario(out_dir, name):
     for step in reversed(SAVE_AT):  # a restarted job loads its last checkpoint; the user may go back further
         engine, loader = engine_for(metric, num_workers, cluster_dir)
         engine.load_checkpoint(checkpoints, tag=f"step{step}")
+        consumed["resumed"][str(step)] = observe(engine, loader)["consumed"]
         resumed[str(step)] = train(engine, iter(loader), STEPS_AFTER)
         stop_workers(loader)
     return {
         "uninterrupted": uninterrupted,
         "died": died,
         "resumed": resumed,
+        "consumed": consumed,
+        "died_reshuffles": died_seen["reshuffles"],
         "num_workers": num_workers,
         "gradient_accumulation": GRADIENT_ACCUMULATION,
     }

@@ -11,17 +11,16 @@ numpy's global RNG back. Earlier report of the same defect: DeepSpeed #8405.
 
 Tests marked ``regression("deepspeed", 8787)`` reproduce the bug or a demand on its fix: they fail on the base
 and pass with the series. Besides exact resume they cover every sampler state in the wild: the series' own; the
-shape of the open PRs #8406 and #8425 (the generator's ``bit_generator.state`` under ``"np_rng_state"``), which the
-base rejects; the legacy one (numpy's global RandomState tuple only), which must load, restart the sampler's
-stream from the seed, warn once on global rank 0 and leave numpy's global RNG alone, as must a state of another bit
-generator under either key; ``state_dict()`` is a snapshot that later sampling leaves as it was; and loading with
-``torch.load(weights_only=True)``, torch's default since 2.6 and what DeepSpeed's Fast and Decoupled checkpoint
-engines call (DeepSpeed #8500). The test marked ``regression("deepspeed", "cluster-files")`` (the series' second
-commit) restarts from a state older than a cluster reshuffle, with the same ``data_cluster_path``: it fails while
-``reshuffle_clusters()`` rewrites the cluster file in place (line 247). The other tests are guards that pass on
-both: the scenarios really cross an epoch, a cluster reshuffle and several difficulty clusters; the data-parallel
-slicing follows the group's size; a state written now loads in the pristine release's own ``load_state_dict``
-(imported from the base tree); the seed matters.
+checkpoints of the open PRs #8406 and #8425 (the generator's ``bit_generator.state`` under ``"np_rng_state"``,
+written by the release's sampler with that one change), which the base rejects; the legacy one (numpy's global
+RandomState tuple only), which must load, restart the sampler's stream from the seed, warn once on global rank 0
+and leave numpy's global RNG alone, as must a state of another bit generator under either key; ``state_dict()`` is
+a snapshot that later sampling leaves as it was; and loading with ``torch.load(weights_only=True)``, torch's default
+since 2.6 and what DeepSpeed's Fast and Decoupled checkpoint engines call (DeepSpeed #8500). The other tests are
+guards that pass on both: the scenarios really cross an epoch, a cluster reshuffle and several difficulty clusters;
+the data-parallel slicing follows the group's size; a state written now loads in the pristine release's own
+``load_state_dict`` (imported from the base tree); the seed matters. The follow-ups' tests are in
+``test_cluster_files.py``, ``test_io_workers.py`` and ``test_consumed_samples.py``.
 
 Every resumed run is compared with an uninterrupted run of the same configuration (no hard-coded batches), and
 the state goes through ``torch.save``/``torch.load`` as it does in a checkpoint. The collectives are stubbed
@@ -29,29 +28,27 @@ the state goes through ``torch.save``/``torch.load`` as it does in a checkpoint.
 """
 
 import copy
-import importlib.util
-import io
 import logging
-import pickle
-import subprocess
-from pathlib import Path
 
-import deepspeed
 import numpy as np
 import pytest
-import torch
-from deepspeed.runtime.data_pipeline.data_sampling import data_sampler as data_sampler_module
 from deepspeed.runtime.data_pipeline.data_sampling.data_sampler import DeepSpeedDataSampler
 from deepspeed.utils import logger as deepspeed_logger
 
-from tests.deepspeed.scenarios import ONE_EPOCH, SCENARIOS, SEED, SEVERAL_CLUSTERS, with_index_to_sample
+from tests.deepspeed.sampling import (
+    first_divergence,
+    load,
+    make_sampler,
+    pristine_sampler_class,
+    take,
+    take_until_second_reshuffle,
+    through_checkpoint,
+)
+from tests.deepspeed.scenarios import ONE_EPOCH, SCENARIOS, SEED, SEVERAL_CLUSTERS
 
 pytestmark = pytest.mark.usefixtures("stub_collectives")
 
 NUM_BATCHES = 24  # micro-batches compared per run; every scenario below passes an epoch and a reshuffle by then
-
-UPSTREAM = Path(__file__).resolve().parents[2] / "upstream" / "deepspeed"  # the kit's checkout (make upstream)
-SAMPLER_PATH = "deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py"
 
 # The keys of the sampler state as DeepSpeed wrote it before the fix (data_pipeline/constants.py).
 OLD_FORMAT_KEYS = (
@@ -63,101 +60,6 @@ OLD_FORMAT_KEYS = (
     "data_cluster_current_position",
     "np_rng_state",
 )
-
-
-class FakeGroup:
-    """Stands in for the data-parallel process group: the sampler only asks it for its size."""
-
-    def __init__(self, size):
-        self._size = size
-
-    def size(self):
-        return self._size
-
-
-def make_sampler(
-    tmp_path,
-    run,
-    metric,
-    seed=SEED,
-    dp_rank=0,
-    dp_size=1,
-    micro_batch_size=4,
-    global_rank=0,
-    sampler_class=DeepSpeedDataSampler,
-):
-    """A sampler as global rank 0 builds it; ``run`` names its own directory of cluster files.
-
-    Global rank 0 draws each global batch and broadcasts it; every data-parallel rank keeps its slice. With the
-    broadcast stubbed, a sampler built for data-parallel rank r with ``global_rank=0`` yields what rank r
-    receives.
-    """
-    metric = with_index_to_sample(metric, str(tmp_path))
-    config = {
-        "seed": seed,
-        "data_sampling": {
-            "num_epochs": 100,
-            "curriculum_learning": {
-                "enabled": True,
-                "data_cluster_path": str(tmp_path / run),
-                "curriculum_metrics": {"difficulty": metric},
-            },
-        },
-    }
-    return sampler_class(
-        config,
-        one_epoch_total_samples=ONE_EPOCH,
-        micro_batch_size=micro_batch_size,
-        data_parallel_rank=dp_rank,
-        data_parallel_size=dp_size,
-        data_parallel_group=FakeGroup(dp_size),
-        gradient_accumulation_steps=2,
-        global_rank=global_rank,
-    )
-
-
-def take(sampler, count):
-    iterator = iter(sampler)
-    return [next(iterator) for _ in range(count)]
-
-
-def through_checkpoint(state, weights_only=False):
-    """``state`` saved with ``torch.save`` and read back with ``torch.load``.
-
-    ``weights_only=False`` is what DeepSpeed's default (torch) checkpoint engine passes; ``weights_only=True`` is
-    torch's default since 2.6, which DeepSpeed's Fast and Decoupled checkpoint engines get (DeepSpeed #8500).
-    With ``weights_only=True`` a state that holds more than Python built-ins fails the test with the keys that
-    torch rejects.
-    """
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    if not weights_only:
-        return torch.load(buffer, weights_only=False)
-    try:
-        return torch.load(buffer, weights_only=True)
-    except pickle.UnpicklingError as error:
-        rejected = [key for key, value in state.items() if not loads_weights_only(value)]
-        raise AssertionError(f"torch.load(weights_only=True) rejects the sampler state, keys {rejected}") from error
-
-
-def loads_weights_only(value):
-    buffer = io.BytesIO()
-    torch.save(value, buffer)
-    buffer.seek(0)
-    try:
-        torch.load(buffer, weights_only=True)
-    except pickle.UnpicklingError:
-        return False
-    return True
-
-
-def load(sampler, state, shape):
-    """``sampler.load_state_dict(state)``; a state it rejects fails the test naming the state's ``shape``."""
-    try:
-        sampler.load_state_dict(state)
-    except (KeyError, TypeError, ValueError) as error:
-        raise AssertionError(f"load_state_dict() rejects a state of shape {shape!r}: {error!r}") from error
 
 
 def resumed_run(tmp_path, run, resume_at, reshape=None, weights_only=False, **kwargs):
@@ -172,13 +74,6 @@ def resumed_run(tmp_path, run, resume_at, reshape=None, weights_only=False, **kw
     second = make_sampler(tmp_path, run, **kwargs)
     load(second, reshape(state, first) if reshape else state, reshape.__name__ if reshape else "state_dict()")
     return head + take(second, NUM_BATCHES - resume_at)
-
-
-def first_divergence(expected, actual):
-    for index, (want, got) in enumerate(zip(expected, actual, strict=False)):
-        if want != got:
-            return index
-    return None if len(expected) == len(actual) else min(len(expected), len(actual))
 
 
 def assert_resume_parity(tmp_path, resume_points=None, reshape=None, weights_only=False, **kwargs):
@@ -260,12 +155,16 @@ def legacy_shape(state):
     return legacy
 
 
-def open_prs_shape(state, sampler):
-    """The state of ``sampler`` as the open PRs #8406 and #8425 write it: its generator's state (taken from the
-    sampler, so that the base builds the same shape) under "np_rng_state"."""
-    reshaped = {key: state[key] for key in OLD_FORMAT_KEYS}
-    reshaped["np_rng_state"] = sampler.np_rng.bit_generator.state
-    return reshaped
+def open_prs_sampler_class(tmp_path):
+    """The sampler of the open PRs #8406 and #8425: the pristine release's, whose ``state_dict()`` puts its
+    generator's state under "np_rng_state" (their one change to it); its reshuffles rewrite the cluster files as the
+    release's do."""
+
+    class OpenPrsSampler(pristine_sampler_class(tmp_path)):
+        def state_dict(self):
+            return {**super().state_dict(), "np_rng_state": self.np_rng.bit_generator.state}
+
+    return OpenPrsSampler
 
 
 def load_legacy_state(tmp_path, global_rank=0):
@@ -318,9 +217,23 @@ def test_legacy_state_restarts_from_seed_and_leaves_global_numpy_rng_alone(tmp_p
 
 @pytest.mark.regression("deepspeed", 8787)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_open_prs_shape_resumes_exactly(tmp_path, scenario):
-    """A checkpoint written by the sampler of PR #8406 or #8425 (if one merges first) resumes exactly."""
-    assert_resume_parity(tmp_path, resume_points=(0, 5, 13), metric=SCENARIOS[scenario], reshape=open_prs_shape)
+def test_open_prs_checkpoint_resumes_exactly(tmp_path, scenario):
+    """A checkpoint written by the sampler of PR #8406 or #8425 (if one merges first) resumes exactly: the series
+    reads on what their own run reads, past its first reshuffle after the resume (up to its second reshuffle of a
+    cluster, see ``take_until_second_reshuffle``), from states saved before and after a first reshuffle."""
+    metric, writer = SCENARIOS[scenario], open_prs_sampler_class(tmp_path)
+    expected = take(make_sampler(tmp_path, "uninterrupted", metric, sampler_class=writer), 2 * NUM_BATCHES)
+    diverged = []
+    for resume_at in (0, 5, 13, 20):
+        first = make_sampler(tmp_path, f"resume-{resume_at}", metric, sampler_class=writer)
+        head = take(first, resume_at)
+        second = make_sampler(tmp_path, f"resume-{resume_at}", metric)
+        load(second, through_checkpoint(first.state_dict()), "the open PRs' state_dict()")
+        tail, reshuffled = take_until_second_reshuffle(second, 2 * NUM_BATCHES - resume_at)
+        assert reshuffled, f"resumed at batch {resume_at}, the batches compared include no reshuffle"
+        if head + tail != expected[: len(head + tail)]:
+            diverged.append((resume_at, first_divergence(expected, head + tail)))
+    assert not diverged, f"(resumed at batch, first batch that differs from the open PRs' own run): {diverged}"
 
 
 @pytest.mark.regression("deepspeed", 8787)
@@ -378,27 +291,6 @@ def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
     assert len(messages) == 1, f"expected one warning from load_state_dict(), got {messages}"
 
 
-@pytest.mark.regression("deepspeed", "cluster-files")
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_resume_from_state_older_than_a_reshuffle(tmp_path, scenario):
-    """A sampler saves at batch 5, goes on past a reshuffle (and new clusters) and dies; a new sampler with the same
-    ``data_cluster_path`` loads the older state and yields the batches of an uninterrupted run."""
-    metric = SCENARIOS[scenario]
-    expected = take(make_sampler(tmp_path, "uninterrupted", metric), NUM_BATCHES)
-    died = make_sampler(tmp_path, "run", metric)
-    head = take(died, 5)
-    state = through_checkpoint(died.state_dict())
-    take(died, NUM_BATCHES)  # past a reshuffle of every scenario (test_scenario_crosses_epoch_reshuffle_and_clusters)
-    resumed = make_sampler(tmp_path, "run", metric)
-    load(resumed, state, "state_dict()")
-    actual = head + take(resumed, NUM_BATCHES - 5)
-    index = first_divergence(expected, actual)
-    assert index is None, (
-        f"restarted from the state of batch index 4 after the run went on: batch index {index} diverged first "
-        f"(uninterrupted {expected[index]}, restarted {actual[index]})"
-    )
-
-
 def builtins_only(value):
     """True when ``value`` is made of None, bool, int, float, str, and lists, tuples and dicts of them."""
     if isinstance(value, (list, tuple)):
@@ -429,29 +321,6 @@ def test_state_dict_holds_only_python_builtins(tmp_path, scenario, schedule):
     state = sampler.state_dict()
     other = {key: type(value).__name__ for key, value in state.items() if not builtins_only(value)}
     assert not other, f"the state holds values that are not Python built-ins: {other}"
-
-
-def pristine_sampler_class(tmp_path):
-    """``DeepSpeedDataSampler`` of the pristine release the checkout is based on (``base/<version>``).
-
-    Its data_sampler.py is read from the base commit with git and imported as a sibling module of the installed
-    one, so its relative imports (constants, scheduler, indexed dataset) resolve in the installed package.
-    """
-    version = deepspeed.__version__.strip().split("+")[0]
-    shown = subprocess.run(
-        ["git", "-C", str(UPSTREAM), "show", f"base/{version}:{SAMPLER_PATH}"], capture_output=True, text=True
-    )
-    assert shown.returncode == 0, (
-        f"no pristine tree of DeepSpeed {version} in {UPSTREAM} (run make upstream): {shown.stderr}"
-    )
-    path = tmp_path / "pristine_data_sampler.py"
-    path.write_text(shown.stdout)
-    package = data_sampler_module.__name__.rpartition(".")[0]
-    spec = importlib.util.spec_from_file_location(f"{package}.pristine_data_sampler", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.dist = data_sampler_module.dist  # the stubbed collectives (stub_collectives)
-    return module.DeepSpeedDataSampler
 
 
 def test_state_dict_loads_in_the_pristine_release(tmp_path):

@@ -1,4 +1,4 @@
-"""DeepSpeed #8787 and its two follow-ups through the engine: ``save_checkpoint()`` / ``load_checkpoint()`` with
+"""DeepSpeed #8787 and its three follow-ups through the engine: ``save_checkpoint()`` / ``load_checkpoint()`` with
 curriculum data sampling.
 
 No stubs: each launch runs ``engine_worker.py`` under ``torch.distributed.run --standalone`` (a free port) with
@@ -12,12 +12,15 @@ micro-batches are compared with an uninterrupted run.
 
 Tests marked ``regression("deepspeed", 8787)`` resume from the last checkpoint and fail on the base (the sampler's
 generator restarts from the seed, engine.py line 4709 -> data_sampler.py line 334). Those marked
-``regression("deepspeed", "cluster-files")`` resume from the older checkpoint and fail while
+``regression("deepspeed", "cluster-files")`` resume from the older checkpoints and fail while
 ``reshuffle_clusters()`` rewrites the cluster files in place (data_sampler.py lines 240-250): the restart reads the
 permutation of a reshuffle that happened after its checkpoint. Those marked ``regression("deepspeed",
 "io-workers")`` run with ``data_sampling.num_workers = 2`` and fail while the checkpoint holds the sampler's state
 as of the DataLoader's prefetch (dataloader.py lines 129-139): the resume goes on ``num_workers * prefetch_factor``
-micro-batches later.
+micro-batches later; the last checkpoint is in a prefetch window before a reshuffle (a guard checks it). Those
+marked ``regression("deepspeed", "consumed-samples")`` compare the ``consumed_samples`` that ``post_process_func``
+receives after each restart with the uninterrupted run's, and fail while the sampler counts a micro-batch only after
+its ``yield`` (data_sampler.py line 313).
 """
 
 import os
@@ -37,7 +40,7 @@ LAUNCHES = {
     1: ["single_cluster", "several_clusters", "several_clusters-num_workers2"],
     2: ["single_cluster", "several_clusters", "several_clusters-num_workers2"],
 }
-SAVE_AT = (3, 14)  # engine_worker.SAVE_AT: the older checkpoint and the last one
+SAVE_AT = (3, 8, 14)  # engine_worker.SAVE_AT: two older checkpoints and the last one
 # `make test` (pytest-xdist --dist loadgroup) runs every test of the launches on one worker, see test_accelerate_4204
 pytestmark = pytest.mark.xdist_group("deepspeed-launches")
 
@@ -92,12 +95,14 @@ def test_engine_resume_from_last_checkpoint_matches_uninterrupted_run(launches, 
 
 
 @pytest.mark.regression("deepspeed", "cluster-files")
+@pytest.mark.parametrize("step", SAVE_AT[:-1], ids=lambda step: f"step{step}")
 @pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
 @pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters"])
-def test_engine_resume_from_older_checkpoint_matches_uninterrupted_run(launches, nproc, scenario):
-    """A restart from a checkpoint older than the run's last reshuffles reads what the uninterrupted run read."""
+def test_engine_resume_from_older_checkpoint_matches_uninterrupted_run(launches, nproc, scenario, step):
+    """A restart from a checkpoint older than the run's last reshuffles (after restarts from the newer ones) reads
+    what the uninterrupted run read."""
     for result in rank_results(launches(nproc), nproc, scenario):
-        assert_resumed_exactly(result, SAVE_AT[0])
+        assert_resumed_exactly(result, step)
 
 
 @pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
@@ -116,7 +121,7 @@ def test_run_reshuffles_between_the_checkpoints_only(launches, nproc, scenario):
 
 @pytest.mark.regression("deepspeed", "io-workers")
 @pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
-@pytest.mark.parametrize("step", SAVE_AT, ids=["older", "last"])
+@pytest.mark.parametrize("step", SAVE_AT, ids=lambda step: f"step{step}")
 def test_engine_resume_with_workers_matches_uninterrupted_run(launches, nproc, step):
     """With ``data_sampling.num_workers = 2`` a restart from either checkpoint trains on the uninterrupted run's
     batches: the checkpoint holds the sampler's state of the micro-batches training consumed, not of the DataLoader's
@@ -124,3 +129,38 @@ def test_engine_resume_with_workers_matches_uninterrupted_run(launches, nproc, s
     for result in rank_results(launches(nproc), nproc, "several_clusters-num_workers2"):
         assert result["num_workers"] == 2, f"rank {result['rank']} ran with {result['num_workers']} workers, not 2"
         assert_resumed_exactly(result, step)
+
+
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
+def test_workers_scenario_saves_in_a_prefetch_window_before_a_reshuffle(launches, nproc):
+    """When the run with workers saves its last checkpoint, its DataLoader's workers have prefetched past a reshuffle
+    that the same run without workers (the same batches) has not made yet: the checkpoint's state reads a cluster
+    whose reshuffle the live sampler already made."""
+    without = rank_results(launches(nproc), nproc, "several_clusters")[0]
+    with_workers = rank_results(launches(nproc), nproc, "several_clusters-num_workers2")[0]
+    index = SAVE_AT[-1] * with_workers["gradient_accumulation"] - 1  # the last micro-batch before the checkpoint
+    assert with_workers["died"] == without["died"], "the run with workers trains on other micro-batches"
+    reshuffles = (without["died_reshuffles"][index], with_workers["died_reshuffles"][index])
+    assert reshuffles[1] > reshuffles[0], f"reshuffles by the last checkpoint, without and with workers: {reshuffles}"
+
+
+@pytest.mark.regression("deepspeed", "consumed-samples")
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
+@pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters-num_workers2"])
+def test_engine_consumed_samples_after_restarts_match_uninterrupted_run(launches, nproc, scenario):
+    """After each restart ``post_process_func`` receives the uninterrupted run's ``consumed_samples``, the samples of
+    every rank's micro-batches up to and including the one it comes with."""
+    for result in rank_results(launches(nproc), nproc, scenario):
+        uninterrupted = result["consumed"]["uninterrupted"]
+        per_micro_batch = len(result["uninterrupted"][0]) * nproc
+        assert uninterrupted == [per_micro_batch * (i + 1) for i in range(len(uninterrupted))], (
+            f"rank {result['rank']}: post_process_func received {uninterrupted[:6]}..., not the samples consumed"
+        )
+        for step in SAVE_AT:
+            start = step * result["gradient_accumulation"]
+            after = result["consumed"]["resumed"][str(step)]
+            expected = uninterrupted[start : start + len(after)]
+            assert after == expected, (
+                f"rank {result['rank']}: restarted from step {step}, post_process_func received {after[:4]}..., "
+                f"uninterrupted {expected[:4]}..."
+            )

@@ -1,0 +1,113 @@
+"""The DeepSpeed follow-up "io-workers" (the series' third commit, ``docs/issues/io-workers.md``): with
+``data_sampling.num_workers > 0`` a checkpoint holds the sampler's state of the micro-batches training consumed.
+
+Upstream file: deepspeed/runtime/dataloader.py (DeepSpeed 0.19.8). ``DeepSpeedDataLoader`` builds a torch
+``DataLoader`` with ``batch_sampler=DeepSpeedDataSampler`` and ``num_workers`` workers, which pulls
+``num_workers * prefetch_factor`` (here 2 * 2) micro-batches from the sampler ahead of training; the checkpoint and
+``post_process_func`` get the sampler's state as of that prefetch (lines 129-139). Tests marked
+``regression("deepspeed", "io-workers")`` fail on the base plus the first two commits and pass with the third. They
+resume at every micro-batch of a *prefetch window before a reshuffle*, where the prefetch has reshuffled a cluster
+that the consumed state still reads: the run finds those micro-batches itself (a reshuffle counted by the time
+training takes micro-batch k with workers but not without them), on one and two data-parallel ranks, with one
+cluster and with several; and after a new ``DataLoader`` iterator. The guard checks that the windows exist.
+"""
+
+import pytest
+
+from tests.deepspeed.sampling import first_divergence, make_loader, take_from_loader, through_checkpoint
+from tests.deepspeed.scenarios import SCENARIOS
+
+pytestmark = pytest.mark.usefixtures("stub_collectives")
+
+NUM_BATCHES = 40  # micro-batches of 2 per rank from 48 samples: past two passes and their reshuffles
+PREFETCH = 2 * 2  # num_workers * torch's default prefetch_factor
+
+
+def reshuffles_seen(tmp_path, run, metric, num_workers, dp_rank=0, dp_size=1):
+    """The micro-batches of an uninterrupted run and, for each, the sampler's reshuffles so far when training takes
+    it (``post_process_func`` runs then, in ``DeepSpeedDataLoader.__next__``)."""
+    loader = make_loader(tmp_path, run, metric, num_workers, dp_rank, dp_size)
+    sampler, counts, reshuffles = loader.data_sampler, [], []
+    original = sampler.reshuffle_clusters
+
+    def counting_reshuffle(cidx):
+        reshuffles.append(cidx)
+        original(cidx)
+
+    sampler.reshuffle_clusters = counting_reshuffle  # an instance attribute: the sampler calls self.reshuffle_...
+    loader.post_process_func = lambda data, state: counts.append(len(reshuffles)) or data
+    return take_from_loader(loader, NUM_BATCHES), counts
+
+
+def prefetch_windows(tmp_path, metric, dp_rank=0, dp_size=1):
+    """The uninterrupted run with workers, and the numbers of micro-batches after which training stands in a prefetch
+    window before a reshuffle: the workers' prefetch has reshuffled a cluster, the same run without workers not yet."""
+    batches, with_workers = reshuffles_seen(tmp_path, "windows-nw2", metric, 2, dp_rank, dp_size)
+    without_batches, without_workers = reshuffles_seen(tmp_path, "windows-nw0", metric, 0, dp_rank, dp_size)
+    assert batches == without_batches, "the run with workers yields other micro-batches than the run without"
+    return batches, [k + 1 for k in range(NUM_BATCHES - 1) if with_workers[k] > without_workers[k]]
+
+
+def resumed(tmp_path, metric, resume_at, dp_rank=0, dp_size=1):
+    loader = make_loader(tmp_path, f"resume-{resume_at}", metric, 2, dp_rank, dp_size)
+    head = take_from_loader(loader, resume_at)
+    state = through_checkpoint(loader.data_sampler.state_dict())
+    loader = make_loader(tmp_path, f"resume-{resume_at}", metric, 2, dp_rank, dp_size)
+    loader.data_sampler.load_state_dict(state)
+    return head + take_from_loader(loader, NUM_BATCHES - resume_at)
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_the_runs_have_prefetch_windows_before_reshuffles(tmp_path, scenario):
+    windows = prefetch_windows(tmp_path, SCENARIOS[scenario])[1]
+    assert len(windows) >= PREFETCH, f"micro-batches in a prefetch window before a reshuffle: {windows}"
+
+
+@pytest.mark.regression("deepspeed", "io-workers")
+@pytest.mark.parametrize(
+    ("scenario", "dp_rank", "dp_size"),
+    [
+        pytest.param("single_cluster", 0, 1, id="single_cluster"),
+        pytest.param("several_clusters", 0, 1, id="several_clusters"),
+        pytest.param("several_clusters", 0, 2, id="several_clusters-rank0of2"),
+        pytest.param("several_clusters", 1, 2, id="several_clusters-rank1of2"),
+    ],
+)
+def test_resume_in_every_prefetch_window_matches_uninterrupted_run(tmp_path, scenario, dp_rank, dp_size):
+    metric = SCENARIOS[scenario]
+    expected, windows = prefetch_windows(tmp_path, metric, dp_rank, dp_size)
+    diverged = []
+    for resume_at in windows + [1]:
+        index = first_divergence(expected, resumed(tmp_path, metric, resume_at, dp_rank, dp_size))
+        if index is not None:
+            diverged.append((resume_at, index + 1))
+    assert not diverged, (
+        f"(resumed after micro-batch, first micro-batch that differs from the uninterrupted run): {diverged}; the "
+        f"resume points in a prefetch window before a reshuffle: {windows}"
+    )
+
+
+@pytest.mark.regression("deepspeed", "io-workers")
+def test_resume_after_a_new_dataloader_iterator_matches_uninterrupted_run(tmp_path):
+    """A new iterator of the loader (``iter(engine.training_dataloader)`` again) drops the micro-batches the previous
+    one prefetched, with or without a checkpoint; a checkpoint saved after it resumes where training stands."""
+    metric = SCENARIOS["several_clusters"]
+
+    def run(name, resume):
+        loader = make_loader(tmp_path, name, metric, 2)
+        taken = take_from_loader(loader, 5)  # a first iterator, dropped with its prefetch
+        batches = iter(loader)
+        taken += [[int(i) for i in next(batches)[:, 0]] for _ in range(6)]
+        if resume:
+            state = through_checkpoint(loader.data_sampler.state_dict())
+            loader.data_iterator = None
+            loader = make_loader(tmp_path, name, metric, 2)
+            loader.data_sampler.load_state_dict(state)
+            batches = iter(loader)
+        taken += [[int(i) for i in next(batches)[:, 0]] for _ in range(10)]
+        loader.data_iterator = None
+        return taken
+
+    expected, actual = run("uninterrupted", resume=False), run("resumed", resume=True)
+    index = first_divergence(expected, actual)
+    assert index is None, f"micro-batch {index + 1} after the resume differs from the uninterrupted run's"
