@@ -1,6 +1,6 @@
-"""scripts/bench_gate.py's report of the gate's stages: a stack's stages do not all run every upstream."""
+"""scripts/bench/gate.py's report of the gate's stages: a stack's stages do not all run every upstream."""
 
-from scripts import bench_gate
+from scripts.bench import gate as bench_gate
 
 
 def test_stages_table_shows_a_stage_without_an_upstream():

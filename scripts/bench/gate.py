@@ -23,10 +23,10 @@ import tempfile
 from pathlib import Path
 
 from scripts import launch, sources
-from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, cut_short, runs_cell
+from scripts.bench.common import CHILD, BenchError, Side, check, check_module, child_env, cut_short, runs_cell
 from scripts.git import git, rev
 
-REPRO_SAMPLES = 96  # bench_child.repro_accelerate
+REPRO_SAMPLES = 96  # child.repro_accelerate
 
 
 def children_cpu() -> float:
@@ -35,14 +35,14 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-# The DeepSpeed pull requests' reproductions: {PR key: bench_child kind}; each result holds what it measured besides
+# The DeepSpeed pull requests' reproductions: {PR key: child.py kind}; each result holds what it measured besides
 # "module" ("differing" batches, or how many micro-batches "late" the resume goes on).
 DEEPSPEED_REPROS = {"8787": "repro-deepspeed", "cluster-files": "repro-cluster-files",
                     "io-workers": "repro-io-workers"}
 
 
 def floor_deepspeed(args: argparse.Namespace, side: Side, index: int, kind: str) -> dict:
-    """A DeepSpeed part of F: the reproduction ``kind`` (bench_child) in a fresh process; {"seconds", "cpu_s", and
+    """A DeepSpeed part of F: the reproduction ``kind`` (scripts/bench/child.py) in a fresh process; {"seconds", "cpu_s", and
     what it measured}."""
     cpu = children_cpu()
     run = launch.run([str(args.python), str(CHILD), kind, "{}"],

@@ -12,7 +12,7 @@ median of the per-repetition ratios patched / base of adjacent processes, a figu
 
 import argparse
 
-from scripts.bench_common import SIDES, Side, band, compare, cut_short, fmt, ratio_cell, run_child, side_order
+from scripts.bench.common import SIDES, Side, band, compare, cut_short, fmt, ratio_cell, run_child, side_order
 
 NUM_WORKERS = (0, 2, 6)
 DS_SCENARIOS = ("single_cluster", "several_clusters")

@@ -4,11 +4,11 @@ floor.
 ``python -m scripts.bench [options]`` (``make bench BENCH_ARGS=...``) measures, in one run, the parts chosen with
 ``--only`` (default: accelerate, deepspeed; ``--gate`` adds gate):
 
-- ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench_upstreams.py);
-- ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench_gate.py); ``profile``
+- ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench/upstreams.py);
+- ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench/gate.py); ``profile``
   (``--profile-gate``): where the gate's time goes; ``cold-apply`` (``--cold-apply``): item 5.
 
-The sides, the measurement processes and the figures are described in scripts/bench_common.py.
+The sides, the measurement processes and the figures are described in scripts/bench/common.py.
 Output: ``build/bench/report.json`` and ``report.md`` (``--out``), logs of every process in ``<out>/logs/``.
 Exit status 0 when every measurement ran (targets missed do not fail it), 1 on an error (a process failed or
 timed out, a tree was not the one asked for, a work tree could not be made); a part that fails is listed under
@@ -25,8 +25,9 @@ import sys
 import time
 from pathlib import Path
 
-from scripts import KitError, bench_gate, bench_upstreams, runlock, sources, worktree
-from scripts.bench_common import make_sides, verdict
+from scripts import KitError, runlock, sources, worktree
+from scripts.bench import gate as bench_gate, upstreams as bench_upstreams
+from scripts.bench.common import make_sides, verdict
 
 PARTS = ("accelerate", "deepspeed", "gate", "profile", "cold-apply")
 # Defaults that keep `make bench` within 5 minutes on 2 shared cores (issue 22); more with --repeat, --inner, --gate
