@@ -64,7 +64,10 @@ NEED_VENV = test -x $(PY) || { echo "error: $(VENV) does not exist: run make app
 LOCK = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --
 # $(LOCK) that first says what it does, then every 30 s how long it has been at it (pip is quiet for minutes).
 SAY = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --say "$(1)" --
-UPSTREAM_ARGS = --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+# Only the versions asked for (an empty `--version deepspeed=` reads as noise in the commands the reports show).
+VERSIONS = $(if $(DEEPSPEED_VERSION),--version deepspeed=$(DEEPSPEED_VERSION)) \
+  $(if $(ACCELERATE_VERSION),--version accelerate=$(ACCELERATE_VERSION))
+UPSTREAM_ARGS = $(VERSIONS) \
 	--pip-options="$(PIP_OPTS)" --source $(SOURCE)
 UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) $(UPSTREAM_ARGS)
 # The editable installs (pip builds each checkout) and the bytecode of the checkouts, with a line every 30 s.
@@ -142,7 +145,7 @@ test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist
 
 gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in trees of their own; build/gate/
 	@$(NEED_VENV)
-	@$(LOCK) $(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+	@$(LOCK) $(PY) -m scripts.gate $(VERSIONS) \
 	  --jobs $(GATE_JOBS)
 
 stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
@@ -152,10 +155,10 @@ stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts
 
 bench: ## base vs patched side by side (prepare(), epoch, sampler; BENCH_ARGS=--gate: the gate vs its floor); build/bench/report.md
 	@$(NEED_VENV)
-	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
-	  --version accelerate=$(ACCELERATE_VERSION) $(BENCH_ARGS)
+	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) $(VERSIONS) \
+	  $(BENCH_ARGS)
 
-LINT = $(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
+LINT = $(PYTHON) -m scripts.lint $(VERSIONS)
 
 # Checked before .tools is built: the checkouts carry exactly the series.
 lint-ready: check-python

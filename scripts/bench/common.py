@@ -157,20 +157,3 @@ def ratio_cell(entry: dict) -> str:
     if entry["ratio"] is None:
         return "-"
     return f"{entry['ratio']:.3f} [{entry['ratio_min']:.2f}-{entry['ratio_max']:.2f}]"
-
-
-def verdict(row: dict) -> str:
-    """'met', or 'not met' with '(better than base)' when every miss is in the good direction, bold otherwise."""
-    if row["met"]:
-        return "met"
-    return "not met (better than base)" if row.get("better") else "**not met**"
-
-
-def band(ratios: list[float], goal: str, lower_is_better: bool = True) -> dict:
-    """A target row for ratios patched/base that should lie within 1.00 +- 0.05.
-
-    ``better`` is True when every ratio outside the band lies on the good side (below for times, above for rates).
-    """
-    outside = [r for r in ratios if abs(r - 1) > 0.05]
-    better = bool(outside) and all((r < 1) == lower_is_better for r in outside)
-    return {"goal": goal, "measured": ", ".join(f"{r:.3f}" for r in ratios), "met": not outside, "better": better}
