@@ -26,7 +26,9 @@ most ``--jobs`` at once (default: the CPU count; ``GATE_JOBS`` in the Makefile),
 upstreams from (scripts/launch_site/sitecustomize.py); a module from outside the stage's tree is a violation.
 scripts/grading.py judges FAIL_TO_PASS / PASS_TO_PASS and writes the report: ``<out>/report.{json,md}``, a log
 excerpt per violating test in ``<out>/excerpts/``, the stack dumps of timed-out launches in ``<out>/stacks/``, and
-per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The trees are removed at the end and on Ctrl-C; those
+per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. A run that starts removes the previous run's report with its
+evidence; one that ends without a verdict (Ctrl-C, an error) writes a ``report.md`` that says so, and no
+``report.json``. The trees and the stages' temporary files are removed at the end and on Ctrl-C; those
 of a run that was killed are removed by the next; while the stages run, one line every PROGRESS_S seconds says how
 far each got (scripts/pytest_progress.py). Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
 """
@@ -57,6 +59,7 @@ PROGRESS_S = 30.0  # seconds between two progress lines while the stages run (is
 CHECKS = ("series", "fix")
 ENVIRONMENT = ("torch", "torchdata", "numpy")  # versions recorded beside Python's
 DEFAULT_OUT = sources.KIT_ROOT / "build" / "gate"  # where make gate reports; make pr writes beside it (build/pr/)
+REPORTS = ("report.json", "report.md")
 
 
 @dataclass
@@ -554,9 +557,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def clean(ups: list[Upstream], out: Path) -> None:
-    """Remove what a previous run left in ``out`` (trees of a killed run included) but its report, which stays
-    until the new one replaces it; kill the processes a killed run left running (those whose stage environment
-    points into ``out``)."""
+    """Remove what a previous run left in ``out``: its stages' logs and JUnit XML, excerpts, stack dumps and trees
+    (a killed run's included), and its report with them, so that no report claims a verdict whose evidence is gone
+    (issue 33: an interrupted run left a PASS report linking the aborted run's logs); kill the processes a killed
+    run left running (those whose stage environment points into ``out``)."""
     killed = launch.kill_by_environment("KIT_IMPORT_RECORD", f"{out}{os.sep}")
     if killed:
         print(f"gate: killed {len(killed)} processes a previous run left running", flush=True)
@@ -565,39 +569,63 @@ def clean(ups: list[Upstream], out: Path) -> None:
     stages = [p.name for p in out.glob("stage-*")] + ["before", "after"]
     for name in ("trees", *stages, "excerpts", "stacks"):
         shutil.rmtree(out / name, ignore_errors=True)
+    for name in REPORTS:
+        (out / name).unlink(missing_ok=True)
+
+
+def write_unfinished(out: Path, why: str, started: float) -> None:
+    """Write ``report.md`` of a run that ended without a verdict (``why``: interrupted, or the error); no
+    ``report.json``, so that ``make pr`` and the bench find no result to use."""
+    logs = sorted(path.relative_to(out).as_posix() for path in out.glob("*/pytest.log"))
+    (out / "report.md.new").write_text(grading.unfinished_markdown(why, round(time.monotonic() - started, 1), logs))
+    os.replace(out / "report.md.new", out / "report.md")
 
 
 def gate(args: argparse.Namespace) -> int:
-    """Prepare, run the stages, judge, report; return the exit status."""
+    """Prepare, run the stages, judge, report; return the exit status. Once the previous run's evidence is removed
+    (``clean``), a run that does not reach its report (Ctrl-C, an error) writes one that says so and claims no
+    verdict; the stages' trees and temporary files are removed whatever happens."""
     started = time.monotonic()
-    ups = load_upstreams(args)
+    ups = load_upstreams(args)  # a refusal here leaves the previous report and its evidence as they are
     clean(ups, args.out)
     try:
-        for up in ups:
-            prepare(up, args.out / "trees")
-        runnable = [up for up in ups if not up.problems]
-        done = run_stages(runnable, args) if runnable else {}
-        root = args.suites.resolve().parent
-        stacks = [path for stage in stage_names(ups) if stage in done
-                  for path in collect_stacks(args.out / stage, args.out)]
+        return judge_and_report(ups, args, started)
+    except KeyboardInterrupt:
+        write_unfinished(args.out, "the run was interrupted", started)
+        raise
+    except KitError as e:
+        write_unfinished(args.out, f"error: {e}", started)
+        raise
     finally:
         if not args.keep_trees:
             for up in ups:
                 for tree in up.trees.values():
                     worktree.remove(tree)
             shutil.rmtree(args.out / "trees", ignore_errors=True)
+        for stage in stage_names(ups):
+            shutil.rmtree(args.out / stage / "tmp", ignore_errors=True)
+
+
+def judge_and_report(ups: list[Upstream], args: argparse.Namespace, started: float) -> int:
+    """Make the stages' trees, run the stages, judge them (scripts/grading.py) and write the report; return the exit
+    status."""
+    for up in ups:
+        prepare(up, args.out / "trees")
+    runnable = [up for up in ups if not up.problems]
+    done = run_stages(runnable, args) if runnable else {}
+    root = args.suites.resolve().parent
+    stacks = [path for stage in stage_names(ups) if stage in done
+              for path in collect_stacks(args.out / stage, args.out)]
     ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
     meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
             "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks}
     doc, md, excerpts = grading.report(ups_graded, meta)
-    for stage in stage_names(ups):
-        shutil.rmtree(args.out / stage / "tmp", ignore_errors=True)
     for path, text in excerpts.items():
         (args.out / path).parent.mkdir(parents=True, exist_ok=True)
         (args.out / path).write_text(text)
-    for name, text in (("report.json", json.dumps(doc, indent=2) + "\n"), ("report.md", md)):
+    for name, text in zip(REPORTS, (json.dumps(doc, indent=2) + "\n", md), strict=True):
         (args.out / f"{name}.new").write_text(text)
-        os.replace(args.out / f"{name}.new", args.out / name)  # the last report stays whole until this one is
+        os.replace(args.out / f"{name}.new", args.out / name)  # a reader sees the whole file or none
     if args.out == DEFAULT_OUT:
         remove_stale_bodies(doc, DEFAULT_OUT.parent / "pr")
     print(f"\ngate: {doc['verdict'].upper()} in {doc['wall_s']} s; report in {os.path.relpath(args.out)}/report.md")
@@ -625,7 +653,9 @@ def main(argv: list[str] | None = None) -> int:
         trees = args.out / "trees"
         left = (f"their trees are left in {os.path.relpath(trees)} (the next run removes them)" if trees.exists()
                 else f"no stage tree is left in {os.path.relpath(trees)}")
-        print(f"gate: interrupted; the stages were stopped and {left}; the checkouts were not touched",
+        unfinished = (args.out / "report.md").exists() and not (args.out / "report.json").exists()
+        said = f"; {os.path.relpath(args.out)}/report.md says that this run has no verdict" if unfinished else ""
+        print(f"gate: interrupted; the stages were stopped and {left}; the checkouts were not touched{said}",
               file=sys.stderr)
         return 130
 

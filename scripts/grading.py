@@ -497,3 +497,14 @@ def markdown(doc: dict) -> str:
     for name, u in doc["upstreams"].items():
         md += upstream_markdown(name, u)
     return "\n".join(md) + "\n"
+
+
+def unfinished_markdown(why: str, wall_s: float, logs: list[str]) -> str:
+    """The report.md of a gate run that ended without a verdict: ``why`` (interrupted, or the error), after
+    ``wall_s`` seconds; ``logs``: the stages' logs it left (paths relative to the report)."""
+    kept = (" What this run's stages logged before it ended: " + ", ".join(f"[{path}]({path})" for path in logs) + "."
+            if logs else "")
+    return ("# Gate report\n\n"
+            f"Verdict: **none**: this run ended after {wall_s} s without judging the series ({cell(why, 300)}). The "
+            "previous run's report was removed with its evidence (stage logs, JUnit XML, excerpts) when this run "
+            f"started.{kept} Run `make gate` again for a verdict.\n")

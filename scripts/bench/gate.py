@@ -42,8 +42,8 @@ DEEPSPEED_REPROS = {"8787": "repro-deepspeed", "cluster-files": "repro-cluster-f
 
 
 def floor_deepspeed(args: argparse.Namespace, side: Side, index: int, kind: str) -> dict:
-    """A DeepSpeed part of F: the reproduction ``kind`` (scripts/bench/child.py) in a fresh process; {"seconds", "cpu_s", and
-    what it measured}."""
+    """A DeepSpeed part of F: the reproduction ``kind`` (scripts/bench/child.py) in a fresh process; {"seconds",
+    "cpu_s", and what it measured}."""
     cpu = children_cpu()
     run = launch.run([str(args.python), str(CHILD), kind, "{}"],
                      args.out / "logs" / f"floor-{kind}-{index}.log", args.timeout, cwd=sources.KIT_ROOT,
