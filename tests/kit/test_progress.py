@@ -51,6 +51,9 @@ def test_pytest_says_nothing_in_a_short_run(tmp_path):
 
 
 def test_gate_prints_each_stage_progress_every_period(kit, capsys, monkeypatch):
+    """Issue 33, item 4: `stage-0 237/241 tests done (92 failed)` alarmed (they were the expected failures), and the
+    counts stood still for 60 s with no word of what ran. Now: whether the failures are the expected ones, and the
+    test a stage has been running for a period."""
     make_series(kit, fix=True)
     slow = {**GOOD, "guard": "assert tiny.VALUE in (1, 2)\n    __import__('time').sleep(2.5)"}
     argv = write_kit(kit, slow)
@@ -61,7 +64,30 @@ def test_gate_prints_each_stage_progress_every_period(kit, capsys, monkeypatch):
     assert "gate: stages before, after started" in out
     lines = re.findall(r"^gate: \d+ s: before (.*); after (.*)$", out, re.M)
     assert lines, out
-    assert any(re.fullmatch(r"\d+/\d+ tests done \(\d+ failed\)", stage) for line in lines for stage in line), lines
+    stages = [stage for line in lines for stage in line]
+    shape = (r"waiting|collecting|\d+/\d+ tests done, (none failed|\d+ failed \(all expected: FAIL_TO_PASS tests "
+             r"before their fix\))(, running \S+ for \d+ s)?")
+    assert all(re.fullmatch(shape, stage) for stage in stages), stages
+    assert any("running suites/tiny/test_tiny_kit.py::test_value_is_known for " in s for s in stages), stages
+    assert re.search(r"^gate before: 2 failed, 1 passed \(all expected: FAIL_TO_PASS tests before their fix\) in ",
+                     out, re.M), out
+    assert re.search(r"^gate after: 3 passed in ", out, re.M), out
+    assert "gate: judging the stages, writing the report and removing the stages' trees" in out
+
+
+def test_gate_says_when_a_stage_fails_tests_it_should_not(kit, capsys):
+    make_series(kit, fix=True)
+    argv = write_kit(kit, {**GOOD, "guard": "assert tiny.VALUE == 2"})  # a guard that fails before the fix
+    capsys.readouterr()
+    assert gate.main(argv) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^gate before: 3 failed \(1 failure NOT expected: see the stage's log\) in ", out, re.M), out
+
+
+def test_pytest_names_a_test_that_runs_for_a_period(tmp_path):
+    result = pytest_run(tmp_path, "--progress-every=1")
+    assert re.search(r"^progress: 1/3 tests done, 0 failed, \d+ s; running for \d+ s: test_suite.py::test_slow$",
+                     result.stdout, re.M), result.stdout
 
 
 def test_runlock_says_what_a_quiet_command_does_every_period(tmp_path):
