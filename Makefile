@@ -34,17 +34,19 @@ SOURCE ?= sdist
 RESIGN ?=
 # `make unapply DISCARD=1` drops commits in a checkout that are not exported to patches/.
 DISCARD ?=
+# `make pr DRAFT=1` writes the bodies even where they still say `Fixes #<...>` (an issue not filed yet), to read.
+DRAFT ?=
 
 # Boolean variables take 1, yes or true, or 0, no or false (empty: the default); anything else stops make here,
 # before anything runs (issue 22: DISCARD=0 used to mean yes).
-BOOLEANS := RESIGN DISCARD DEPS
+BOOLEANS := RESIGN DISCARD DEPS DRAFT
 $(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
   $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
 is_yes = $(filter 1 yes true,$(1))
 is_no = $(filter 0 no false,$(1))
 # A variable on the command line that the kit does not know gets one warning naming the closest known one.
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD KIT_URL TOOLS
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS
 UNKNOWN := $(filter-out $(KNOWN),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
 CLOSEST = $(shell python3 -c 'import difflib, sys; known = sys.argv[2:]; up = [k.upper() for k in known]; \
   m = difflib.get_close_matches(sys.argv[1].upper(), up, 1); print(f" (did you mean {known[up.index(m[0])]}?)" if m else "")' \
@@ -174,7 +176,7 @@ lock: check-python ## regenerate requirements/constraints.txt from a fresh venv 
 	@$(call SAY,making a fresh venv and freezing it (build/lock/)) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
 
 pr: ## the pull-request bodies build/pr/<name>/<n>-<slug>.md, one per commit: docs/pr/<name>/<n>.md + its gate table + the commands
-	@$(LOCK) $(PYTHON) -m scripts.pr
+	@$(LOCK) $(PYTHON) -m scripts.pr $(if $(call is_yes,$(DRAFT)),--draft)
 
 clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)
 	@$(LOCK) rm -rf build .pytest_cache .ruff_cache

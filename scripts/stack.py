@@ -70,11 +70,6 @@ def subject(patch: Path) -> str:
     return re.sub(r"^\[PATCH[^\]]*\]\s*", "", text).strip()
 
 
-def slug(patch: Path) -> str:
-    """The file-name slug of a patch: ``0002-Keep-the-cluster-files.patch`` -> ``keep-the-cluster-files``."""
-    return re.sub(r"^\d+-", "", patch.stem).lower()
-
-
 def fixes(patch: Path) -> list[str]:
     """The issue numbers of the patch's ``Fixes #N`` lines."""
     return re.findall(r"^Fixes #(\d+)", patch.read_text(errors="replace"), re.M)
