@@ -44,15 +44,83 @@ $(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
   $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
 is_yes = $(filter 1 yes true,$(1))
 is_no = $(filter 0 no false,$(1))
-# A variable on the command line that the kit does not know gets one warning naming the closest known one.
+# Counts and choices are checked the same way, before anything runs (issue 33: GATE_JOBS=abc printed argparse's
+# five-line usage).
+not_digits = $(strip $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst \
+  8,,$(subst 9,,$(1))))))))))))
+is_count = $(and $(filter 1,$(words $(1))),$(if $(call not_digits,$(1)),,yes))
+COUNTS := JOBS GATE_JOBS REPEAT MATRIX_JOBS
+$(foreach v,$(COUNTS),$(if $(and $(call is_count,$($(v))),$(subst 0,,$($(v)))),,\
+  $(error $(v)=$($(v)) is not a positive whole number: use a count, e.g. $(v)=2)))
+$(if $(call is_count,$(LOAD)),,$(error LOAD=$(LOAD) is not a whole number: use a count of busy processes, e.g. LOAD=4))
+comma := ,
+listed = $(subst $() ,$(comma) ,$(strip $(1)))
+CHOICES_ON := checkouts base series
+CHOICES_SOURCE := sdist git
+$(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES_$(v)),$($(v)))),,\
+  $(error $(v)=$($(v)) is not one of $(call listed,$(CHOICES_$(v))): e.g. $(v)=$(firstword $(CHOICES_$(v))))))
+
+# Every variable of the kit: what it means, and the targets that read it (none listed: every target); `make help`
+# shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
+# PYTEST_ARGS was silently ignored by make gate).
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
   SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS
-UNKNOWN := $(filter-out $(KNOWN),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
-CLOSEST = $(shell python3 -c 'import difflib, sys; known = sys.argv[2:]; up = [k.upper() for k in known]; \
-  m = difflib.get_close_matches(sys.argv[1].upper(), up, 1); print(f" (did you mean {known[up.index(m[0])]}?)" if m else "")' \
-  $(1) $(KNOWN))
-$(foreach v,$(UNKNOWN),$(warning warning: $(v) is not a variable of the kit and is ignored$(call CLOSEST,$(v)); make help lists them))
+ABOUT_PYTHON := the Python 3.11 that makes the venvs
+ABOUT_VENV := the kit's venv
+ABOUT_TOOLS := the venv of the upstreams' style tools
+ABOUT_TORCH := the torch requirement (e.g. a +cpu build)
+READ_BY_TORCH := venv apply matrix lock
+ABOUT_PIP_OPTS := extra options of every pip install and download (an index URL, say)
+READ_BY_PIP_OPTS := venv tools upstream apply unapply test lint matrix lock
+ABOUT_DEEPSPEED_VERSION := another pinned DeepSpeed release (default: upstream/sources.toml)
+ABOUT_ACCELERATE_VERSION := another pinned Accelerate release (default: upstream/sources.toml)
+READ_BY_DEEPSPEED_VERSION := upstream apply unapply export gate bench lint
+READ_BY_ACCELERATE_VERSION := $(READ_BY_DEEPSPEED_VERSION)
+ABOUT_JOBS := pytest-xdist workers of make test, processes of make stress (default: twice the CPU count)
+READ_BY_JOBS := test stress
+ABOUT_GATE_JOBS := stages of the gate run at once (default: the CPU count)
+READ_BY_GATE_JOBS := gate
+ABOUT_PYTEST_ARGS := extra pytest arguments, e.g. -k partition
+READ_BY_PYTEST_ARGS := test
+NOTE_PYTEST_ARGS := ; the gate judges every test of the suite, so it takes none
+ABOUT_REPEAT := runs of the 2-process suite
+ABOUT_LOAD := busy processes competing for the CPUs meanwhile
+ABOUT_ON := the code under test: checkouts, base or series
+ABOUT_SCENARIOS := only these scenarios of the Accelerate worker, without pytest
+READ_BY_REPEAT := stress
+READ_BY_LOAD := stress
+READ_BY_ON := stress
+READ_BY_SCENARIOS := stress
+ABOUT_BENCH_ARGS := options of python -m scripts.bench, e.g. --repeat 7 --gate
+READ_BY_BENCH_ARGS := bench
+ABOUT_DEPS := 0: the releases in the kit's venv only, without the dependency axis
+ABOUT_MATRIX_JOBS := upstreams gated at once
+READ_BY_DEPS := matrix
+READ_BY_MATRIX_JOBS := matrix
+ABOUT_SOURCE := where a missing base comes from: sdist, or git (needs GitHub)
+READ_BY_SOURCE := upstream apply
+ABOUT_RESIGN := 1: first sign the series as you (git's user.name and user.email)
+READ_BY_RESIGN := export
+ABOUT_DISCARD := 1: drop commits in a checkout that patches/ does not hold
+READ_BY_DISCARD := unapply
+ABOUT_DRAFT := 1: write bodies that still say Fixes \#<...>, to read
+READ_BY_DRAFT := pr
+ABOUT_KIT_URL := the kit's public URL in the bodies (default: git remote get-url origin)
+READ_BY_KIT_URL := pr
+GIVEN := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+GOALS := $(filter-out help,$(MAKECMDGOALS))
+unread = $(and $(GOALS),$(READ_BY_$(1)),$(if $(filter $(READ_BY_$(1)),$(GOALS)),,yes))
+$(foreach v,$(filter $(KNOWN),$(GIVEN)),$(if $(call unread,$(v)),$(warning warning: $(v) is read by make \
+  $(call listed,$(READ_BY_$(v))) only, not by make $(call listed,$(GOALS)), and is ignored here$(NOTE_$(v)))))
+# A variable or target that the kit does not have gets one line naming the closest one it has.
+closest = $(shell python3 -c 'import difflib, sys; known = sys.argv[2:]; low = [k.lower() for k in known]; \
+  m = difflib.get_close_matches(sys.argv[1].lower(), low, 1); \
+  print(f" (did you mean {known[low.index(m[0])]}?)" if m else "")' '$(1)' $(2))
+$(foreach v,$(filter-out $(KNOWN),$(GIVEN)),\
+  $(warning warning: $(v) is not a variable of the kit and is ignored$(call closest,$(v),$(KNOWN)); make help lists them))
+TARGETS = $(shell sed -nE 's/^([a-z][a-z-]*):.*## .*/\1/p' $(firstword $(MAKEFILE_LIST)))
 
+quote = '$(subst ','\'',$(1))'
 PY := $(VENV)/bin/python
 # Every package of the venv at its locked version (`make lock` regenerates it); pip constraints of every install.
 CONSTRAINTS := requirements/constraints.txt
@@ -83,14 +151,14 @@ INSTALL = $(call SAY,installing the checkouts editable into $(VENV) and compilin
 help: ## list the targets and variables
 	@echo "Targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
-	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
-	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
-	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N LOAD=N ON SCENARIOS GATE_JOBS BENCH_ARGS"
-	@echo "           DEPS=0|1 MATRIX_JOBS KIT_URL (make pr); booleans take 1/yes/true or 0/no/false"
+	@echo "Variables (make TARGET NAME=value; the value now, what it means, [the targets that read it]):"
+	@$(foreach v,$(KNOWN),printf '  %-36s %s\n' $(call quote,$(v)=$($(v))) \
+	  $(call quote,$(ABOUT_$(v))$(if $(READ_BY_$(v)), [$(READ_BY_$(v))]));)
+	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT) take 1, yes or true, or 0, no or false."
 
-# A target the kit does not have (make gaet): one line pointing at make help.
+# A target the kit does not have (make gaet): one line naming the closest one and pointing at make help.
 .DEFAULT:
-	$(error make has no target '$@': make help lists the targets)
+	$(error make has no target '$@'$(call closest,$@,$(TARGETS)): make help lists the targets)
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, grading, launch, plural, runlock, series, sources, stack, worktree
+from scripts import ArgumentParser, KitError, grading, launch, plural, runlock, series, sources, stack, worktree
 from scripts.checkout import BASE_ENV
 from scripts.git import git, rev
 
@@ -608,7 +608,7 @@ def remove_stale_bodies(doc: dict, pr_dir: Path) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the gate's options (paths default to the kit's own layout)."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.gate", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.gate", description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="gate this upstream only")
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION")
     parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)

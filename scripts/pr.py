@@ -28,7 +28,6 @@ longest such name that the test's name starts with. ``build/pr/<name>/.series`` 
 later gate of another series removes the bodies (scripts/gate.py).
 """
 
-import argparse
 import json
 import os
 import re
@@ -36,7 +35,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scripts import KitError, plural, runlock, series, sources, stack
+from scripts import ArgumentParser, KitError, plural, runlock, series, sources, stack
 from scripts.git import git
 from scripts.lint import placeholder_notes
 from scripts.matrix import version_key
@@ -268,7 +267,7 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
 def main(argv: list[str] | None = None) -> int:
     """Write one body per commit of every upstream that has templates (all or none); return 0, or 1 with one line
     on a KitError."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.pr", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.pr", description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=Path, default=sources.KIT_ROOT / "docs" / "pr")
     parser.add_argument("--report", type=Path, default=sources.KIT_ROOT / "build" / "gate" / "report.json")
     parser.add_argument("--matrix", type=Path, default=sources.KIT_ROOT / "build" / "matrix" / "report.json")

@@ -23,13 +23,13 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, checkout, runlock, series, sources, worktree
+from scripts import ArgumentParser, KitError, checkout, runlock, series, sources, worktree
 from scripts.git import git
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse ``argv`` (without the program name) into the options described in the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.upstream", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.upstream", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["checkout", "apply", "unapply", "export", "install"])
     parser.add_argument("--only", help="act on this upstream only")
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION",

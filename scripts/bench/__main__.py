@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts import KitError, runlock, sources, worktree
+from scripts import ArgumentParser, KitError, runlock, sources, worktree
 from scripts.bench import gate as bench_gate
 from scripts.bench import targets
 from scripts.bench import upstreams as bench_upstreams
@@ -91,7 +91,7 @@ def markdown(doc: dict) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the options; ``--version``/``--patched-from`` become dicts ``versions``/``patched_from``."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--python", type=Path, default=sources.KIT_ROOT / ".venv" / "bin" / "python",
                         help="the venv Python of the measurement processes (default .venv/bin/python)")
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION",
