@@ -2,7 +2,8 @@
 
 Commands (each acts on every upstream in ``upstream/sources.toml``, or on ``--only NAME``):
   checkout  make ``upstream/<name>/`` with the pristine commit ``base/<version>`` (sdist: download, verify,
-            cache; or ``--source git``: the upstream's tag)
+            cache; or ``--source git``: the upstream's tag); a cached sdist is re-hashed on every run and a damaged one
+            downloaded again at once
   apply     checkout, then ``base/<version>`` + ``patches/<name>/*.patch`` on branch ``series/<version>``
   unapply   back to ``base/<version>`` (refuses to drop uncommitted edits or unexported commits)
   export    ``patches/<name>/`` regenerated from ``base/<version>..HEAD`` with ``git format-patch``
@@ -23,7 +24,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from scripts import ArgumentParser, KitError, checkout, runlock, series, sources, worktree
+from scripts import ArgumentParser, KitError, checkout, runlock, sdist, series, sources, worktree
 from scripts.git import git
 
 
@@ -123,6 +124,9 @@ def run(args: argparse.Namespace) -> list[str]:
         if args.command in ("checkout", "apply"):
             base = checkout.make_base(pin, repo, args.cache, pip_options, args.source)
             say(f"{name}: base/{pin.version} is {base[:12]}")
+            warning = sdist.check_cached(pin, args.cache, pip_options)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         elif not (repo / ".git").is_dir():
             raise KitError(f"{repo} does not exist yet: run `make apply` first")
     try:
