@@ -134,8 +134,11 @@ def commits(name: str, gate: dict, patches: list[Path], scope: tuple[str, ...]) 
     if "fail_to_pass" in gate:
         raise KitError(f"[{name}.gate] has both fail_to_pass and [[{name}.gate.commits]]: declare the ids per commit")
     if len(tables) != len(patches):
+        more = (f"; a new commit needs a [[{name}.gate.commits]] table of its own in upstream/sources.toml (key, "
+                f"fail_to_pass) and its PR body docs/pr/{name}/{len(patches)}.md (README, 'Changing a patch')"
+                if len(patches) > len(tables) else "")
         raise KitError(f"[{name}.gate] lists {len(tables)} commits, patches/{name}/ holds {len(patches)}: one "
-                       f"[[{name}.gate.commits]] table per patch, in series order")
+                       f"[[{name}.gate.commits]] table per patch, in series order{more}")
     made, keys = [], set()
     for number, (table, patch) in enumerate(zip(tables, patches, strict=True), 1):
         key = str(table.get("key", ""))

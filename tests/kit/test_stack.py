@@ -164,7 +164,10 @@ def test_a_commit_whose_test_hunks_do_not_apply_on_the_commits_before_it_is_refu
                    'fail_to_pass = ["tests/test_fixed.py::test_value_is_two"]'),
      "FAIL_TO_PASS tests/test_fixed.py::test_value_is_two is not a test this commit adds"),
     (TABLE.replace("key = 3", "key = 4"), "key 4 is not the commit's Fixes #N (3)"),
-    (TABLE.split("[[tiny.gate.commits]]\nkey = 3")[0], "lists 2 commits, patches/tiny/ holds 3"),
+    (TABLE.split("[[tiny.gate.commits]]\nkey = 3")[0], "lists 2 commits, patches/tiny/ holds 3: one "
+     "[[tiny.gate.commits]] table per patch, in series order; a new commit needs a [[tiny.gate.commits]] table of its "
+     "own in upstream/sources.toml (key, fail_to_pass) and its PR body docs/pr/tiny/3.md (README, 'Changing a "
+     "patch')"),
 ], ids=["id-of-another-commit", "key-is-not-fixes", "a-table-short"])
 def test_a_declaration_that_does_not_match_the_stack_is_refused_in_one_line(kit, capsys, table, message):
     make_stack(kit)
