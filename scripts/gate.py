@@ -414,8 +414,8 @@ def expected_failures(ups: list[Upstream], stage: str, root: Path) -> dict:
 def expectation(failed: int, expected: int) -> str:
     """Whether a stage's ``failed`` failures are the expected ones (``expected`` of them are)."""
     if failed == expected:
-        return "all expected: FAIL_TO_PASS tests before their fix"
-    return f"{plural(failed - expected, 'failure')} NOT expected: see the stage's log"
+        return "all expected"
+    return f"{plural(failed - expected, 'failure')} NOT expected: see the log"
 
 
 def failures_text(failed: int, expected: int) -> str:
@@ -434,19 +434,19 @@ def stage_summary(stage_dir: Path, outcomes: Counter) -> str:
 
 
 def stage_progress(job: launch.Job, role: str, rename) -> str:
-    """``<stage> [<role>]: D/T tests done, F failed ...`` from the stage's ``--progress-file``
+    """``<stage> (<role>): D/T tests done, F failed ...`` from the stage's ``--progress-file``
     (scripts/pytest_progress.py), with the test it has been running for PROGRESS_S or more; or how far it got
     before its tests ran (waiting, collecting). ``rename``: the report's name of a node id (``renamer``)."""
     stage = job.log.parent.name
-    head = f"{stage} [{role}]" if role and stage not in grading.STAGES else stage
+    head = f"{stage} ({role}):" if role and stage not in grading.STAGES else f"{stage}:"
     if not job.started:
         return f"{head} waiting"
     try:
         counts = json.loads((job.log.parent / "progress").read_text())
     except (OSError, ValueError):
         return f"{head} collecting"
-    text = (f"{head} {counts['done']}/{counts['total']} tests done, "
-            f"{failures_text(counts['failed'], counts['expected'])}")
+    failed = failures_text(counts["failed"], counts["expected"])
+    text = f"{head} {counts['done']}/{counts['total']} tests done, {failed}"
     running = counts.get("running")
     if running and time.time() - running[1] >= PROGRESS_S:
         text += f", running {rename(running[0])} for {time.time() - running[1]:.0f} s"
@@ -455,12 +455,15 @@ def stage_progress(job: launch.Job, role: str, rename) -> str:
 
 @contextlib.contextmanager
 def progress_lines(describe, every: float):
-    """While the block runs, print one line every ``every`` seconds: the elapsed time and ``describe()``."""
+    """While the block runs, print every ``every`` seconds the elapsed time and ``describe()``'s lines (the first on
+    the same line, the others indented below it)."""
     stop, started = threading.Event(), time.monotonic()
 
     def tick():
         while not stop.wait(every):
-            print(f"gate: {time.monotonic() - started:.0f} s: {describe()}", flush=True)
+            first, *others = describe()
+            print("\n".join([f"gate: {time.monotonic() - started:.0f} s: {first}", *(f"  {x}" for x in others)]),
+                  flush=True)
 
     thread = threading.Thread(target=tick, name="gate-progress", daemon=True)
     thread.start()
@@ -491,9 +494,14 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
     for stage in stages:
         if stage not in grading.STAGES:
             print(f"  {stage}: {roles.get(stage, '')}", flush=True)
+    print("  (a stage before a commit fails that commit's FAIL_TO_PASS tests on purpose: the progress says whether "
+          "its failures are those)", flush=True)
     renames = {stage: renamer([up for up in ups if stage in up.trees], stage, root) for stage in stages}
-    with progress_lines(lambda: "; ".join(stage_progress(job, roles.get(stage, ""), renames[stage])
-                                          for stage, job in zip(stages, jobs, strict=True)), PROGRESS_S):
+    def describe() -> list[str]:
+        return ["the stages' tests done / collected", *(stage_progress(job, roles.get(stage, ""), renames[stage])
+                                                        for stage, job in zip(stages, jobs, strict=True))]
+
+    with progress_lines(describe, PROGRESS_S):
         launches = launch.run_all(jobs, args.jobs)
     done = {}
     for stage, job, result in zip(stages, jobs, launches, strict=True):
@@ -680,7 +688,7 @@ def judge_and_report(ups: list[Upstream], args: argparse.Namespace, started: flo
     runnable = [up for up in ups if not up.problems]
     done = run_stages(runnable, args) if runnable else {}
     print("gate: judging the stages, writing the report and removing the stages' trees", flush=True)
-    with progress_lines(lambda: "still judging the stages and removing their trees", PROGRESS_S):
+    with progress_lines(lambda: ["still judging the stages and removing their trees"], PROGRESS_S):
         root = args.suites.resolve().parent
         stacks = [path for stage in stage_names(ups) if stage in done
                   for path in collect_stacks(args.out / stage, args.out)]
@@ -712,10 +720,12 @@ def summary_lines(doc: dict) -> list[str]:
         steps = entry.get("steps", [])
         if steps:
             lines.append(f"  {name} {entry['version']} ({entry['check']}), a stack of {len(steps)} commits: "
-                         f"FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])} in all, violations {len(entry['violations'])}")
+                         f"FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])} in all, violations {len(entry['violations'])}; "
+                         f"series id {entry['series_id']}")
         else:
-            lines.append(f"  {name} {entry['version']} ({entry['check']}): FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])}, "
-                         f"PASS_TO_PASS {len(entry['PASS_TO_PASS'])}, violations {len(entry['violations'])}")
+            lines.append(f"  {name} {entry['version']} ({entry['check']}): FAIL_TO_PASS "
+                         f"{len(entry['FAIL_TO_PASS'])}, PASS_TO_PASS {len(entry['PASS_TO_PASS'])}, violations "
+                         f"{len(entry['violations'])}; series id {entry['series_id']}")
         lines += [f"    {step['commit']}/{step['of']} {step['subject']}: FAIL_TO_PASS {len(step['FAIL_TO_PASS'])}, "
                   f"PASS_TO_PASS {len(step['PASS_TO_PASS'])}, violations {len(step['violations'])}" for step in steps]
         lines += [f"  violation: {violation}" for violation in entry["violations"]]
