@@ -446,6 +446,8 @@ def stage_progress(job: launch.Job, role: str, rename) -> str:
     except (OSError, ValueError):
         return f"{head} collecting"
     failed = failures_text(counts["failed"], counts["expected"])
+    if (job.log.parent / "junit.xml").exists():  # pytest writes it as the session ends
+        return f"{head} finished: {counts['done']} tests, {failed}"
     text = f"{head} {counts['done']}/{counts['total']} tests done, {failed}"
     running = counts.get("running")
     if running and time.time() - running[1] >= PROGRESS_S:

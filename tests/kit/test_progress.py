@@ -67,8 +67,8 @@ def test_gate_prints_each_stage_progress_every_period(kit, capsys, monkeypatch):
     blocks = re.findall(r"^gate: \d+ s: the stages' tests done / collected\n  before: (.*)\n  after: (.*)$", out, re.M)
     assert blocks, out
     stages = [stage for block in blocks for stage in block]
-    shape = (r"waiting|collecting|\d+/\d+ tests done, (none failed|\d+ failed \(all expected\))"
-             r"(, running \S+ for \d+ s)?")
+    shape = (r"waiting|collecting|(\d+/\d+ tests done|finished: \d+ tests), (none failed|\d+ failed \(all "
+             r"expected\))(, running \S+ for \d+ s)?")
     assert all(re.fullmatch(shape, stage) for stage in stages), stages
     assert any("running suites/tiny/test_tiny_kit.py::test_value_is_known for " in s for s in stages), stages
     assert re.search(r"^gate before: 2 failed, 1 passed \(all expected\) in ", out, re.M), out
@@ -115,3 +115,6 @@ def test_a_stage_of_a_stack_is_named_with_its_role_and_what_it_has_been_running(
     assert gate.stage_progress(job, role, lambda key: f"renamed/{key}") == (
         f"stage-1 ({role}): 61/244 tests done, 13 failed (1 failure NOT expected: see the log), running "
         "renamed/tests/x.py::test_launch for 45 s")
+    (tmp_path / "stage-1" / "junit.xml").write_text("<testsuites/>")  # a stage whose pytest ended
+    assert gate.stage_progress(job, role, str) == (
+        f"stage-1 ({role}): finished: 61 tests, 13 failed (1 failure NOT expected: see the log)")
