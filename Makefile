@@ -41,22 +41,99 @@ KEEP_CONFLICT ?=
 INDEX_JSON ?= https://pypi.org/pypi
 DEFAULT ?=
 
+# `make pr DRAFT=1` writes the bodies even where they still say `Fixes #<...>` (an issue not filed yet), to read.
+DRAFT ?=
+
 # Boolean variables take 1, yes or true, or 0, no or false (empty: the default); anything else stops make here,
 # before anything runs (issue 22: DISCARD=0 used to mean yes).
-BOOLEANS := RESIGN DISCARD DEPS KEEP_CONFLICT DEFAULT
+BOOLEANS := RESIGN DISCARD DEPS DRAFT KEEP_CONFLICT DEFAULT
 $(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
   $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
 is_yes = $(filter 1 yes true,$(1))
 is_no = $(filter 0 no false,$(1))
-# A variable on the command line that the kit does not know gets one warning naming the closest known one.
-KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT
-UNKNOWN := $(filter-out $(KNOWN),$(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v))))
-CLOSEST = $(shell python3 -c 'import difflib, sys; known = sys.argv[2:]; up = [k.upper() for k in known]; \
-  m = difflib.get_close_matches(sys.argv[1].upper(), up, 1); print(f" (did you mean {known[up.index(m[0])]}?)" if m else "")' \
-  $(1) $(KNOWN))
-$(foreach v,$(UNKNOWN),$(warning warning: $(v) is not a variable of the kit and is ignored$(call CLOSEST,$(v)); make help lists them))
+# Counts and choices are checked the same way, before anything runs (issue 33: GATE_JOBS=abc printed argparse's
+# five-line usage).
+not_digits = $(strip $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst \
+  8,,$(subst 9,,$(1))))))))))))
+is_count = $(and $(filter 1,$(words $(1))),$(if $(call not_digits,$(1)),,yes))
+COUNTS := JOBS GATE_JOBS REPEAT MATRIX_JOBS
+$(foreach v,$(COUNTS),$(if $(and $(call is_count,$($(v))),$(subst 0,,$($(v)))),,\
+  $(error $(v)=$($(v)) is not a positive whole number: use a count, e.g. $(v)=2)))
+$(if $(call is_count,$(LOAD)),,$(error LOAD=$(LOAD) is not a whole number: use a count of busy processes, e.g. LOAD=4))
+comma := ,
+listed = $(subst $() ,$(comma) ,$(strip $(1)))
+CHOICES_ON := checkouts base series
+CHOICES_SOURCE := sdist git
+$(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES_$(v)),$($(v)))),,\
+  $(error $(v)=$($(v)) is not one of $(call listed,$(CHOICES_$(v))): e.g. $(v)=$(firstword $(CHOICES_$(v))))))
 
+# Every variable of the kit: what it means, and the targets that read it (none listed: every target); `make help`
+# shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
+# PYTEST_ARGS was silently ignored by make gate).
+KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT
+ABOUT_PYTHON := the Python 3.11 that makes the venvs
+ABOUT_VENV := the kit's venv
+ABOUT_TOOLS := the venv of the upstreams' style tools
+ABOUT_TORCH := the torch requirement (e.g. a +cpu build)
+READ_BY_TORCH := venv apply matrix lock outdated
+ABOUT_PIP_OPTS := extra options of every pip install and download (an index URL, say)
+READ_BY_PIP_OPTS := venv tools upstream apply unapply test lint matrix lock pin
+ABOUT_DEEPSPEED_VERSION := another pinned DeepSpeed release (default: upstream/sources.toml)
+ABOUT_ACCELERATE_VERSION := another pinned Accelerate release (default: upstream/sources.toml)
+READ_BY_DEEPSPEED_VERSION := upstream apply unapply export gate bench lint pin
+READ_BY_ACCELERATE_VERSION := $(READ_BY_DEEPSPEED_VERSION)
+ABOUT_JOBS := pytest-xdist workers of make test, processes of make stress (default: twice the CPU count)
+READ_BY_JOBS := test stress
+ABOUT_GATE_JOBS := stages of the gate run at once (default: the CPU count)
+READ_BY_GATE_JOBS := gate
+ABOUT_PYTEST_ARGS := extra pytest arguments, e.g. -k partition
+READ_BY_PYTEST_ARGS := test
+NOTE_PYTEST_ARGS := ; the gate judges every test of the suite, so it takes none
+ABOUT_REPEAT := runs of the 2-process suite
+ABOUT_LOAD := busy processes competing for the CPUs meanwhile
+ABOUT_ON := the code under test: checkouts, base or series
+ABOUT_SCENARIOS := only these scenarios of the Accelerate worker, without pytest
+READ_BY_REPEAT := stress
+READ_BY_LOAD := stress
+READ_BY_ON := stress
+READ_BY_SCENARIOS := stress
+ABOUT_BENCH_ARGS := options of python -m scripts.bench, e.g. --repeat 7 --gate
+READ_BY_BENCH_ARGS := bench
+ABOUT_DEPS := 0: the releases in the kit's venv only, without the dependency axis
+ABOUT_MATRIX_JOBS := upstreams gated at once
+READ_BY_DEPS := matrix
+READ_BY_MATRIX_JOBS := matrix
+ABOUT_SOURCE := where a missing base comes from: sdist, or git (needs GitHub)
+READ_BY_SOURCE := upstream apply
+ABOUT_RESIGN := 1: first sign the series as you (git's user.name and user.email)
+READ_BY_RESIGN := export
+ABOUT_DISCARD := 1: drop commits in a checkout that patches/ does not hold
+READ_BY_DISCARD := unapply
+ABOUT_DRAFT := 1: write bodies that still say Fixes \#<...>, to read
+READ_BY_DRAFT := pr
+ABOUT_KIT_URL := the kit's public URL in the bodies (default: git remote get-url origin)
+READ_BY_KIT_URL := pr
+ABOUT_KEEP_CONFLICT := 1: a patch that does not apply leaves git am stopped at it in the checkout, to resolve
+READ_BY_KEEP_CONFLICT := apply
+ABOUT_INDEX_JSON := the package index's JSON API that make outdated and make pin ask
+READ_BY_INDEX_JSON := outdated pin
+ABOUT_DEFAULT := 1: make pin also makes the pinned release the upstream's default version
+READ_BY_DEFAULT := pin
+GIVEN := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+GOALS := $(filter-out help,$(MAKECMDGOALS))
+unread = $(and $(GOALS),$(READ_BY_$(1)),$(if $(filter $(READ_BY_$(1)),$(GOALS)),,yes))
+$(foreach v,$(filter $(KNOWN),$(GIVEN)),$(if $(call unread,$(v)),$(warning warning: $(v) is read by make \
+  $(call listed,$(READ_BY_$(v))) only, not by make $(call listed,$(GOALS)), and is ignored here$(NOTE_$(v)))))
+# A variable or target that the kit does not have gets one line naming the closest one it has.
+closest = $(shell python3 -c 'import difflib, sys; known = sys.argv[2:]; low = [k.lower() for k in known]; \
+  m = difflib.get_close_matches(sys.argv[1].lower(), low, 1); \
+  print(f" (did you mean {known[low.index(m[0])]}?)" if m else "")' '$(1)' $(2))
+$(foreach v,$(filter-out $(KNOWN),$(GIVEN)),\
+  $(warning warning: $(v) is not a variable of the kit and is ignored$(call closest,$(v),$(KNOWN)); make help lists them))
+TARGETS = $(shell sed -nE 's/^([a-z][a-z-]*):.*## .*/\1/p' $(firstword $(MAKEFILE_LIST)))
+
+quote = '$(subst ','\'',$(1))'
 PY := $(VENV)/bin/python
 # Every package of the venv at its locked version (`make lock` regenerates it); pip constraints of every install.
 CONSTRAINTS := requirements/constraints.txt
@@ -70,7 +147,10 @@ NEED_VENV = test -x $(PY) || { echo "error: $(VENV) does not exist: run make app
 LOCK = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --
 # $(LOCK) that first says what it does, then every 30 s how long it has been at it (pip is quiet for minutes).
 SAY = exec $(PYTHON) -m scripts.runlock --name "make $(or $(MAKECMDGOALS),$@)" --say "$(1)" --
-UPSTREAM_ARGS = --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+# Only the versions asked for (an empty `--version deepspeed=` reads as noise in the commands the reports show).
+VERSIONS = $(if $(DEEPSPEED_VERSION),--version deepspeed=$(DEEPSPEED_VERSION)) \
+  $(if $(ACCELERATE_VERSION),--version accelerate=$(ACCELERATE_VERSION))
+UPSTREAM_ARGS = $(VERSIONS) \
 	--pip-options="$(PIP_OPTS)" --source $(SOURCE)
 UPSTREAM = $(LOCK) $(1) -m scripts.upstream $(2) $(UPSTREAM_ARGS)
 # The editable installs (pip builds each checkout) and the bytecode of the checkouts, with a line every 30 s.
@@ -84,15 +164,14 @@ INSTALL = $(call SAY,installing the checkouts editable into $(VENV) and compilin
 help: ## list the targets and variables
 	@echo "Targets:"
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-10s %s\n", $$1, $$2}'
-	@echo "Variables: PYTHON=$(PYTHON) VENV=$(VENV) TORCH=$(TORCH) PIP_OPTS=$(PIP_OPTS) JOBS=$(JOBS)"
-	@echo "           DEEPSPEED_VERSION ACCELERATE_VERSION (default: upstream/sources.toml) PYTEST_ARGS"
-	@echo "           SOURCE=sdist|git RESIGN=1 DISCARD=1 REPEAT=N LOAD=N ON SCENARIOS GATE_JOBS BENCH_ARGS"
-	@echo "           DEPS=0|1 MATRIX_JOBS KIT_URL (make pr); booleans take 1/yes/true or 0/no/false"
-	@echo "           KEEP_CONFLICT=1 (make apply) INDEX_JSON=$(INDEX_JSON) DEFAULT=1 (make pin)"
+	@echo "Variables (make TARGET NAME=value; the value now, what it means, [the targets that read it]):"
+	@$(foreach v,$(KNOWN),printf '  %-36s %s\n' $(call quote,$(v)=$($(v))) \
+	  $(call quote,$(ABOUT_$(v))$(if $(READ_BY_$(v)), [$(READ_BY_$(v))]));)
+	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT, KEEP_CONFLICT, DEFAULT) take 1, yes or true, or 0, no or false."
 
-# A target the kit does not have (make gaet): one line pointing at make help.
+# A target the kit does not have (make gaet): one line naming the closest one and pointing at make help.
 .DEFAULT:
-	$(error make has no target '$@': make help lists the targets)
+	$(error make has no target '$@'$(call closest,$@,$(TARGETS)): make help lists the targets)
 
 check-python:
 	@command -v git >/dev/null || { echo "error: git is not installed: install git and run again" >&2; exit 1; }
@@ -150,7 +229,7 @@ test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist
 
 gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in trees of their own; build/gate/
 	@$(NEED_VENV)
-	@$(LOCK) $(PY) -m scripts.gate --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+	@$(LOCK) $(PY) -m scripts.gate $(VERSIONS) \
 	  --jobs $(GATE_JOBS)
 
 stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
@@ -160,10 +239,10 @@ stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts
 
 bench: ## base vs patched side by side (prepare(), epoch, sampler; BENCH_ARGS=--gate: the gate vs its floor); build/bench/report.md
 	@$(NEED_VENV)
-	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) --version deepspeed=$(DEEPSPEED_VERSION) \
-	  --version accelerate=$(ACCELERATE_VERSION) $(BENCH_ARGS)
+	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) $(VERSIONS) \
+	  $(BENCH_ARGS)
 
-LINT = $(PYTHON) -m scripts.lint --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION)
+LINT = $(PYTHON) -m scripts.lint $(VERSIONS)
 
 # Checked before .tools is built: the checkouts carry exactly the series.
 lint-ready: check-python
@@ -182,11 +261,11 @@ outdated: check-python ## newest releases on the index vs the pins, the matrix, 
 	@$(LOCK) $(PYTHON) -m scripts.outdated --index "$(INDEX_JSON)" --torch "$(TORCH)"
 
 pin: check-python ## pin <NAME>_VERSION=X in upstream/sources.toml: the index's sha256, checked on the download
-	@$(LOCK) $(PYTHON) -m scripts.pin --version deepspeed=$(DEEPSPEED_VERSION) --version accelerate=$(ACCELERATE_VERSION) \
+	@$(LOCK) $(PYTHON) -m scripts.pin $(VERSIONS) \
 	  --index "$(INDEX_JSON)" --pip-options="$(PIP_OPTS)" $(if $(call is_yes,$(DEFAULT)),--default)
 
 pr: ## the pull-request bodies build/pr/<name>/<n>-<slug>.md, one per commit: docs/pr/<name>/<n>.md + its gate table + the commands
-	@$(LOCK) $(PYTHON) -m scripts.pr
+	@$(LOCK) $(PYTHON) -m scripts.pr $(if $(call is_yes,$(DRAFT)),--draft)
 
 clean: ## remove build/ and caches (the venvs, checkouts and the sdist cache stay)
 	@$(LOCK) rm -rf build .pytest_cache .ruff_cache

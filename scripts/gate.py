@@ -26,9 +26,13 @@ most ``--jobs`` at once (default: the CPU count; ``GATE_JOBS`` in the Makefile),
 upstreams from (scripts/launch_site/sitecustomize.py); a module from outside the stage's tree is a violation.
 scripts/grading.py judges FAIL_TO_PASS / PASS_TO_PASS and writes the report: ``<out>/report.{json,md}``, a log
 excerpt per violating test in ``<out>/excerpts/``, the stack dumps of timed-out launches in ``<out>/stacks/``, and
-per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. The trees are removed at the end and on Ctrl-C; those
+per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. A run that starts removes the previous run's report with its
+evidence; one that ends without a verdict (Ctrl-C, an error) writes a ``report.md`` that says so, and no
+``report.json``. The trees and the stages' temporary files are removed at the end and on Ctrl-C; those
 of a run that was killed are removed by the next; while the stages run, one line every PROGRESS_S seconds says how
-far each got (scripts/pytest_progress.py). Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
+far each got (scripts/pytest_progress.py): its role (before / after commit k), its tests done, whether its failures are
+the expected ones (the FAIL_TO_PASS tests before their fix), and a test it has been running for PROGRESS_S or more;
+then the judging says what it does too. Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
 """
 
 import argparse
@@ -47,7 +51,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, grading, launch, outdated, runlock, series, sources, stack, worktree
+from scripts import (ArgumentParser, KitError, grading, launch, outdated, plural, runlock, series, sources, stack,
+                     worktree)
 from scripts.checkout import BASE_ENV
 from scripts.git import git, rev
 
@@ -57,6 +62,7 @@ PROGRESS_S = 30.0  # seconds between two progress lines while the stages run (is
 CHECKS = ("series", "fix")
 ENVIRONMENT = ("torch", "torchdata", "numpy")  # versions recorded beside Python's
 DEFAULT_OUT = sources.KIT_ROOT / "build" / "gate"  # where make gate reports; make pr writes beside it (build/pr/)
+REPORTS = ("report.json", "report.md")
 
 
 @dataclass
@@ -295,6 +301,7 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
             "-p", "scripts.pytest_progress", f"--progress-file={stage_dir / 'progress'}",
+            f"--progress-expect={stage_dir / 'expected.json'}",
             f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *launches, *paths]
 
 
@@ -371,27 +378,95 @@ def stage_names(ups: list[Upstream]) -> list[str]:
     return max((up.names for up in ups), key=len, default=[])
 
 
-def stage_progress(job: launch.Job) -> str:
-    """``<stage> D/T tests done`` from the stage's ``--progress-file`` (scripts/pytest_progress.py), or how far it
-    got before its tests ran (waiting, collecting)."""
+def stage_roles(ups: list[Upstream]) -> dict[str, str]:
+    """{stage name: what the stage is to each upstream's steps}, e.g. ``after deepspeed 1/3, before deepspeed 2/3,
+    after accelerate`` (a series of one commit: ``before accelerate``)."""
+    roles: dict[str, list[str]] = {}
+    for up in ups:
+        for step in up.steps:
+            label = f"{up.pin.name} {step.number}/{len(up.steps)}" if len(up.commits) > 1 else up.pin.name
+            roles.setdefault(up.names[step.before], []).append(f"before {label}")
+            roles.setdefault(up.names[step.after], []).append(f"after {label}")
+    return {stage: ", ".join(found) for stage, found in roles.items()}
+
+
+def expected_failures(ups: list[Upstream], stage: str, root: Path) -> dict:
+    """The tests of ``stage`` whose failures are expected, for scripts/pytest_progress.py's ``--progress-expect``:
+    {"markers": the kit's tests of every commit the stage does not hold yet (``<name>#<key>``, ``<name>#*`` for a
+    series judged as one step), "ids": the declared upstream FAIL_TO_PASS tests whose test hunks it holds without
+    their commit (pytest's node ids: paths in the stage's tree relative to ``root``)}."""
+    markers, ids = [], []
+    for up in ups:
+        if stage not in up.names:
+            continue
+        held = up.stages[up.names.index(stage)]
+        if len(up.commits) > 1:
+            markers += [f"{up.pin.name}#{c.key}" for c in up.commits if c.number > held.applied]
+        elif not held.applied:
+            markers.append(f"{up.pin.name}#*")
+        if up.commits and held.tests_of > held.applied:
+            tree = up.trees[stage].resolve()
+            for key in up.commits[held.tests_of - 1].fail_to_pass:
+                file, sep, rest = key.partition("::")
+                ids.append(f"{(tree / file).relative_to(root).as_posix()}{sep}{rest}")
+    return {"markers": markers, "ids": ids}
+
+
+def expectation(failed: int, expected: int) -> str:
+    """Whether a stage's ``failed`` failures are the expected ones (``expected`` of them are)."""
+    if failed == expected:
+        return "all expected"
+    return f"{plural(failed - expected, 'failure')} NOT expected: see the log"
+
+
+def failures_text(failed: int, expected: int) -> str:
+    """How many tests of a stage failed so far, and whether they are the expected ones."""
+    return f"{failed} failed ({expectation(failed, expected)})" if failed else "none failed"
+
+
+def stage_summary(stage_dir: Path, outcomes: Counter) -> str:
+    """The outcomes of a stage that ended (``3 failed, 12 passed``), with whether its failures were expected."""
+    text = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items())) or "no tests"
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        counts = json.loads((stage_dir / "progress").read_text())
+        if counts["failed"]:
+            text += f" ({expectation(counts['failed'], counts['expected'])})"
+    return text
+
+
+def stage_progress(job: launch.Job, role: str, rename) -> str:
+    """``<stage> (<role>): D/T tests done, F failed ...`` from the stage's ``--progress-file``
+    (scripts/pytest_progress.py), with the test it has been running for PROGRESS_S or more; or how far it got
+    before its tests ran (waiting, collecting). ``rename``: the report's name of a node id (``renamer``)."""
     stage = job.log.parent.name
+    head = f"{stage} ({role}):" if role and stage not in grading.STAGES else f"{stage}:"
     if not job.started:
-        return f"{stage} waiting"
+        return f"{head} waiting"
     try:
-        done, total, failed = (int(x) for x in (job.log.parent / "progress").read_text().split())
+        counts = json.loads((job.log.parent / "progress").read_text())
     except (OSError, ValueError):
-        return f"{stage} collecting"
-    return f"{stage} {done}/{total} tests done ({failed} failed)"
+        return f"{head} collecting"
+    failed = failures_text(counts["failed"], counts["expected"])
+    if (job.log.parent / "junit.xml").exists():  # pytest writes it as the session ends
+        return f"{head} finished: {counts['done']} tests, {failed}"
+    text = f"{head} {counts['done']}/{counts['total']} tests done, {failed}"
+    running = counts.get("running")
+    if running and time.time() - running[1] >= PROGRESS_S:
+        text += f", running {rename(running[0])} for {time.time() - running[1]:.0f} s"
+    return text
 
 
 @contextlib.contextmanager
-def progress_lines(jobs: list[launch.Job], every: float):
-    """While the block runs, print one line every ``every`` seconds: elapsed time and each stage's progress."""
+def progress_lines(describe, every: float):
+    """While the block runs, print every ``every`` seconds the elapsed time and ``describe()``'s lines (the first on
+    the same line, the others indented below it)."""
     stop, started = threading.Event(), time.monotonic()
 
     def tick():
         while not stop.wait(every):
-            print(f"gate: {time.monotonic() - started:.0f} s: {'; '.join(map(stage_progress, jobs))}", flush=True)
+            first, *others = describe()
+            print("\n".join([f"gate: {time.monotonic() - started:.0f} s: {first}", *(f"  {x}" for x in others)]),
+                  flush=True)
 
     thread = threading.Thread(target=tick, name="gate-progress", daemon=True)
     thread.start()
@@ -407,18 +482,29 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
     is killed after its stacks are written to its log, and recorded as a problem of its upstreams. Raises KitError
     when a stage that ended wrote no JUnit XML."""
     root = args.suites.resolve().parent
-    jobs, stages = [], stage_names(ups)
+    jobs, stages, roles = [], stage_names(ups), stage_roles(ups)
     for stage in stages:
         stage_dir = (args.out / stage).resolve()
         (stage_dir / "tmp").mkdir(parents=True)
         (stage_dir / "imports").mkdir()
         mine = [up for up in ups if stage in up.trees]
+        (stage_dir / "expected.json").write_text(json.dumps(expected_failures(mine, stage, root)))
         command = stage_command(mine, stage, stage_dir, root, args.suites.resolve())
         jobs.append(launch.Job(command, stage_dir / "pytest.log", args.timeout, cwd=sources.KIT_ROOT,
                                env=stage_env(mine, stage, stage_dir)))
     print(f"gate: stages {', '.join(stages)} started (at most {args.jobs} at once; logs in "
           f"{os.path.relpath(args.out)}/<stage>/pytest.log)", flush=True)
-    with progress_lines(jobs, PROGRESS_S):
+    for stage in stages:
+        if stage not in grading.STAGES:
+            print(f"  {stage}: {roles.get(stage, '')}", flush=True)
+    print("  (a stage before a commit fails that commit's FAIL_TO_PASS tests on purpose: the progress says whether "
+          "its failures are those)", flush=True)
+    renames = {stage: renamer([up for up in ups if stage in up.trees], stage, root) for stage in stages}
+    def describe() -> list[str]:
+        return ["the stages' tests done / collected", *(stage_progress(job, roles.get(stage, ""), renames[stage])
+                                                        for stage, job in zip(stages, jobs, strict=True))]
+
+    with progress_lines(describe, PROGRESS_S):
         launches = launch.run_all(jobs, args.jobs)
     done = {}
     for stage, job, result in zip(stages, jobs, launches, strict=True):
@@ -432,8 +518,8 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
             results = grading.read_junit(stage_dir / "junit.xml", renamer(mine, stage, root))
         done[stage] = {"launch": result, "results": results, "records": read_records(stage_dir / "imports")}
         outcomes = Counter(r.outcome for r in results.values())
-        print(f"gate {stage}: {', '.join(f'{n} {o}' for o, n in sorted(outcomes.items())) or 'no tests'} in "
-              f"{result.seconds} s (log: {os.path.relpath(job.log)})", flush=True)
+        print(f"gate {stage}: {stage_summary(stage_dir, outcomes)} in {result.seconds} s (log: "
+              f"{os.path.relpath(job.log)})", flush=True)
     return done
 
 
@@ -533,7 +619,7 @@ def remove_stale_bodies(doc: dict, pr_dir: Path) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the gate's options (paths default to the kit's own layout)."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.gate", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.gate", description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="gate this upstream only")
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION")
     parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)
@@ -555,9 +641,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def clean(ups: list[Upstream], out: Path) -> None:
-    """Remove what a previous run left in ``out`` (trees of a killed run included) but its report, which stays
-    until the new one replaces it; kill the processes a killed run left running (those whose stage environment
-    points into ``out``)."""
+    """Remove what a previous run left in ``out``: its stages' logs and JUnit XML, excerpts, stack dumps and trees
+    (a killed run's included), and its report with them, so that no report claims a verdict whose evidence is gone
+    (issue 33: an interrupted run left a PASS report linking the aborted run's logs); kill the processes a killed
+    run left running (those whose stage environment points into ``out``)."""
     killed = launch.kill_by_environment("KIT_IMPORT_RECORD", f"{out}{os.sep}")
     if killed:
         print(f"gate: killed {len(killed)} processes a previous run left running", flush=True)
@@ -566,53 +653,101 @@ def clean(ups: list[Upstream], out: Path) -> None:
     stages = [p.name for p in out.glob("stage-*")] + ["before", "after"]
     for name in ("trees", *stages, "excerpts", "stacks"):
         shutil.rmtree(out / name, ignore_errors=True)
+    for name in REPORTS:
+        (out / name).unlink(missing_ok=True)
+
+
+def write_unfinished(out: Path, why: str, started: float) -> None:
+    """Write ``report.md`` of a run that ended without a verdict (``why``: interrupted, or the error); no
+    ``report.json``, so that ``make pr`` and the bench find no result to use."""
+    logs = sorted(path.relative_to(out).as_posix() for path in out.glob("*/pytest.log"))
+    (out / "report.md.new").write_text(grading.unfinished_markdown(why, round(time.monotonic() - started, 1), logs))
+    os.replace(out / "report.md.new", out / "report.md")
 
 
 def gate(args: argparse.Namespace) -> int:
-    """Prepare, run the stages, judge, report; return the exit status."""
+    """Prepare, run the stages, judge, report; return the exit status. Once the previous run's evidence is removed
+    (``clean``), a run that does not reach its report (Ctrl-C, an error) writes one that says so and claims no
+    verdict; the stages' trees and temporary files are removed whatever happens."""
     started = time.monotonic()
-    ups = load_upstreams(args)
+    ups = load_upstreams(args)  # a refusal here leaves the previous report and its evidence as they are
     clean(ups, args.out)
     try:
-        for up in ups:
-            prepare(up, args.out / "trees")
-        runnable = [up for up in ups if not up.problems]
-        done = run_stages(runnable, args) if runnable else {}
+        return judge_and_report(ups, args, started)
+    except KeyboardInterrupt:
+        write_unfinished(args.out, "the run was interrupted", started)
+        raise
+    except KitError as e:
+        write_unfinished(args.out, f"error: {e}", started)
+        raise
+    finally:
+        remove_trees(ups, args)
+
+
+def judge_and_report(ups: list[Upstream], args: argparse.Namespace, started: float) -> int:
+    """Make the stages' trees, run the stages, judge them (scripts/grading.py) and write the report; return the exit
+    status."""
+    for up in ups:
+        prepare(up, args.out / "trees")
+    runnable = [up for up in ups if not up.problems]
+    done = run_stages(runnable, args) if runnable else {}
+    print("gate: judging the stages, writing the report and removing the stages' trees", flush=True)
+    with progress_lines(lambda: ["still judging the stages and removing their trees"], PROGRESS_S):
         root = args.suites.resolve().parent
         stacks = [path for stage in stage_names(ups) if stage in done
                   for path in collect_stacks(args.out / stage, args.out)]
-    finally:
-        if not args.keep_trees:
-            for up in ups:
-                for tree in up.trees.values():
-                    worktree.remove(tree)
-            shutil.rmtree(args.out / "trees", ignore_errors=True)
-    ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
-    record = outdated.load_record(args.outdated)  # the last `make outdated`: is each base the newest release?
-    meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
-            "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks,
-            "releases": {up.pin.name: outdated.release_status(record, up.pin.package, up.pin.version) for up in ups}}
-    doc, md, excerpts = grading.report(ups_graded, meta)
+        ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
+        record = outdated.load_record(args.outdated)  # the last `make outdated`: is each base the newest release?
+        meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
+                "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks,
+                "releases": {up.pin.name: outdated.release_status(record, up.pin.package, up.pin.version)
+                             for up in ups}}
+        doc, md, excerpts = grading.report(ups_graded, meta)
+        for path, text in excerpts.items():
+            (args.out / path).parent.mkdir(parents=True, exist_ok=True)
+            (args.out / path).write_text(text)
+        for name, text in zip(REPORTS, (json.dumps(doc, indent=2) + "\n", md), strict=True):
+            (args.out / f"{name}.new").write_text(text)
+            os.replace(args.out / f"{name}.new", args.out / name)  # a reader sees the whole file or none
+        if args.out == DEFAULT_OUT:
+            remove_stale_bodies(doc, DEFAULT_OUT.parent / "pr")
+        remove_trees(ups, args)
+    print(f"\ngate: {doc['verdict'].upper()} in {round(time.monotonic() - started, 1)} s; report in "
+          f"{os.path.relpath(args.out)}/report.md")
+    for line in summary_lines(doc):
+        print(line)
+    return 0 if doc["verdict"] == "pass" else 1
+
+
+def summary_lines(doc: dict) -> list[str]:
+    """The console's summary of a report: per upstream its counts (a stack: the commits' own, which its report's
+    summary table shows, and the FAIL_TO_PASS of all commits), then each violation."""
+    lines = []
+    for name, entry in doc["upstreams"].items():
+        steps = entry.get("steps", [])
+        if steps:
+            lines.append(f"  {name} {entry['version']} ({entry['check']}), a stack of {len(steps)} commits: "
+                         f"FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])} in all, violations {len(entry['violations'])}; "
+                         f"series id {entry['series_id']}")
+        else:
+            lines.append(f"  {name} {entry['version']} ({entry['check']}): FAIL_TO_PASS "
+                         f"{len(entry['FAIL_TO_PASS'])}, PASS_TO_PASS {len(entry['PASS_TO_PASS'])}, violations "
+                         f"{len(entry['violations'])}; series id {entry['series_id']}")
+        lines += [f"    {step['commit']}/{step['of']} {step['subject']}: FAIL_TO_PASS {len(step['FAIL_TO_PASS'])}, "
+                  f"PASS_TO_PASS {len(step['PASS_TO_PASS'])}, violations {len(step['violations'])}" for step in steps]
+        lines += [f"  violation: {violation}" for violation in entry["violations"]]
+    return lines
+
+
+def remove_trees(ups: list[Upstream], args: argparse.Namespace) -> None:
+    """Remove the stages' trees (unless ``--keep-trees``) and temporary files; idempotent."""
+    if not args.keep_trees:
+        for up in ups:
+            for tree in up.trees.values():
+                worktree.remove(tree)
+        shutil.rmtree(args.out / "trees", ignore_errors=True)
     for stage in stage_names(ups):
         shutil.rmtree(args.out / stage / "tmp", ignore_errors=True)
-    for path, text in excerpts.items():
-        (args.out / path).parent.mkdir(parents=True, exist_ok=True)
-        (args.out / path).write_text(text)
-    for name, text in (("report.json", json.dumps(doc, indent=2) + "\n"), ("report.md", md)):
-        (args.out / f"{name}.new").write_text(text)
-        os.replace(args.out / f"{name}.new", args.out / name)  # the last report stays whole until this one is
-    if args.out == DEFAULT_OUT:
-        remove_stale_bodies(doc, DEFAULT_OUT.parent / "pr")
-    print(f"\ngate: {doc['verdict'].upper()} in {doc['wall_s']} s; report in {os.path.relpath(args.out)}/report.md")
-    for name, entry in doc["upstreams"].items():
-        print(f"  {name} {entry['version']} ({entry['check']}): FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])}, "
-              f"PASS_TO_PASS {len(entry['PASS_TO_PASS'])}, violations {len(entry['violations'])}")
-        for step in entry.get("steps", []):
-            print(f"    {step['commit']}/{step['of']} {step['subject']}: FAIL_TO_PASS {len(step['FAIL_TO_PASS'])}, "
-                  f"PASS_TO_PASS {len(step['PASS_TO_PASS'])}, violations {len(step['violations'])}")
-        for violation in entry["violations"]:
-            print(f"  violation: {violation}")
-    return 0 if doc["verdict"] == "pass" else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -628,7 +763,9 @@ def main(argv: list[str] | None = None) -> int:
         trees = args.out / "trees"
         left = (f"their trees are left in {os.path.relpath(trees)} (the next run removes them)" if trees.exists()
                 else f"no stage tree is left in {os.path.relpath(trees)}")
-        print(f"gate: interrupted; the stages were stopped and {left}; the checkouts were not touched",
+        unfinished = (args.out / "report.md").exists() and not (args.out / "report.json").exists()
+        said = f"; {os.path.relpath(args.out)}/report.md says that this run has no verdict" if unfinished else ""
+        print(f"gate: interrupted; the stages were stopped and {left}; the checkouts were not touched{said}",
               file=sys.stderr)
         return 130
 

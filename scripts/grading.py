@@ -383,6 +383,13 @@ def unexplained_line(u: dict) -> list[str]:
             + ", ".join(f"`{k}`" for k in found)]
 
 
+def series_line(name: str, u: dict) -> str:
+    """The id of the series judged, and where it is recorded after a check against the default branch."""
+    return (f"Series id `{u.get('series_id', '')}`: after checking this series against {name}'s default branch, "
+            f"record it as `series` in `[{name}.default_branch]` of `upstream/sources.toml` (`make pr` calls a check "
+            "of another series stale).")
+
+
 def upstream_markdown(name: str, u: dict) -> list[str]:
     """The section of one upstream: stages, imports, violations, then every test collapsed (a stack: a section
     per commit after the upstream's own lines)."""
@@ -394,6 +401,7 @@ def upstream_markdown(name: str, u: dict) -> list[str]:
     md = [f"## {name} {u['version']}", ""]
     commits = {role: stages.get(s, {}).get("commit", "")[:12] or "-"
                for role, s in zip(("before", "after"), names, strict=False)}
+    md += [series_line(name, u), ""]
     md.append(f"before = `{commits['before']}`: {before.format(base='`' + u['base'][:12] + '`')}; after = "
               f"`{commits['after']}`: {after}. Each stage ran in its own work tree with the tree first on "
               f"`PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests `upstream/{name}/...` (their path in "
@@ -413,7 +421,7 @@ def stack_markdown(name: str, u: dict) -> list[str]:
     """The section of a stack: its stages and imports, the violations outside any commit, then one section per
     commit (subject, stages, its FAIL_TO_PASS with the first assertion line before, the guards it kept green)."""
     stages, n = u["stages"], len(u["steps"])
-    md = [f"## {name} {u['version']}: a stack of {n} commits", "",
+    md = [f"## {name} {u['version']}: a stack of {n} commits", "", series_line(name, u), "",
           f"Commit k is judged on *before k* = the base `{u['base'][:12]}` + commits 1..k-1 + only commit k's test "
           "hunks, and *after k* = the base + commits 1..k (`git am`): its FAIL_TO_PASS tests (its declared upstream "
           "tests and the kit's tests marked with its key) fail with an assertion before and pass after; every other "
@@ -507,3 +515,14 @@ def markdown(doc: dict) -> str:
     for name, u in doc["upstreams"].items():
         md += upstream_markdown(name, u)
     return "\n".join(md) + "\n"
+
+
+def unfinished_markdown(why: str, wall_s: float, logs: list[str]) -> str:
+    """The report.md of a gate run that ended without a verdict: ``why`` (interrupted, or the error), after
+    ``wall_s`` seconds; ``logs``: the stages' logs it left (paths relative to the report)."""
+    kept = (" What this run's stages logged before it ended: " + ", ".join(f"[{path}]({path})" for path in logs) + "."
+            if logs else "")
+    return ("# Gate report\n\n"
+            f"Verdict: **none**: this run ended after {wall_s} s without judging the series ({cell(why, 300)}). The "
+            "previous run's report was removed with its evidence (stage logs, JUnit XML, excerpts) when this run "
+            f"started.{kept} Run `make gate` again for a verdict.\n")

@@ -17,6 +17,10 @@ The prose of each body is written by people in ``docs/pr/<name>/<n>.md`` (n: the
   dependency versions it gated and how many rows met their declaration, when it judged this very series; else that
   no matrix result for this series is on record (only the gate's release was checked).
 
+A body whose text still holds a placeholder for an issue number (``Fixes #<the follow-up issue: ...>``: a follow-up
+whose bug report, ``docs/issues/<key>.md``, is not filed yet) is refused, naming the report to file, unless
+``--draft`` (``make pr DRAFT=1``), which writes the bodies with a warning first and last.
+
 A series of several commits gets the stack at the top of each body, newest first, this PR marked ``__->__`` (as
 PyTorch's ghstack heads its PRs). Every body is checked before any is written (all bodies or none): the report
 exists, has no violation for that upstream, and its last *after* stage tested the tree of the checkout's HEAD;
@@ -26,7 +30,6 @@ longest such name that the test's name starts with. ``build/pr/<name>/.series`` 
 later gate of another series removes the bodies (scripts/gate.py).
 """
 
-import argparse
 import json
 import os
 import re
@@ -34,7 +37,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scripts import KitError, outdated, plural, runlock, series, sources, stack
+from scripts import ArgumentParser, KitError, outdated, plural, runlock, series, sources, stack
 from scripts.git import git
 from scripts.lint import placeholder_notes
 from scripts.matrix import version_key
@@ -45,17 +48,44 @@ URL = re.compile(r"^(https?://|ssh://|git@)[^\s]+$")
 def kit_url(environ: dict, root: Path = sources.KIT_ROOT) -> str:
     """The kit's public URL: ``KIT_URL``, else ``git remote get-url origin`` (``git@host:a/b.git`` as https).
 
-    Raises KitError when neither gives a URL (a local path, no remote).
+    Raises KitError when neither gives a URL (a local path, no remote), naming the one that was tried.
     """
-    url = environ.get("KIT_URL", "").strip()
+    given = environ.get("KIT_URL", "").strip()
     origin = git(root, "remote", "get-url", "origin", check=False).stdout.strip() if (root / ".git").exists() else ""
-    url = url or origin
+    url = given or origin
     found = re.match(r"^git@([^:]+):(.+?)(\.git)?$", url)
     url = f"https://{found.group(1)}/{found.group(2)}" if found else url.removesuffix(".git")
     if not URL.match(url):
-        raise KitError(f"the PR bodies link the kit, but KIT_URL is unset and origin is {origin or 'not set'}, not a "
-                       f"public URL: run `make pr KIT_URL=https://github.com/<you>/<kit>`")
+        what = (f"KIT_URL={given} is not" if given else
+                f"KIT_URL is unset and origin is {origin or 'not set'}, not")
+        raise KitError(f"the PR bodies link the kit for their reviewers, but {what} a public URL: run "
+                       f"`make pr KIT_URL=https://github.com/<you>/<kit>`")
     return url
+
+
+# `Fixes #<the follow-up issue: ...>`: an issue not filed yet; its text may hold a `>` (`num_workers > 0`), so it ends
+# at a `>` followed by the end of the line or by punctuation.
+PLACEHOLDER = re.compile(r"#<[^\n]*?>(?=\s*[(.,;]|\s*$)", re.M)
+
+
+def placeholders(made: dict[str, dict[str, str]], keys: dict[str, list[str]], issues: Path) -> list[str]:
+    """One phrase per body of ``made`` ({name: {file: body}}) that holds a placeholder for an issue number, naming
+    the bug report to file first: ``issues/<key>.md`` of the commit's key (``keys``: {name: [key per body]})."""
+    found = []
+    for name, files in made.items():
+        for (file, body), key in zip(files.items(), keys[name], strict=True):
+            for text in dict.fromkeys(PLACEHOLDER.findall(body)):
+                report = issues / f"{key}.md"
+                shown = report.relative_to(sources.KIT_ROOT) if report.is_relative_to(sources.KIT_ROOT) else report
+                what = f"file {shown} upstream" if key and report.exists() else "file its bug report upstream"
+                found.append(f"{name} {file} says `{text}`: {what}")
+    return found
+
+
+def body_name(number: int, subject: str) -> str:
+    """The file name of PR body ``number``: its commit's whole subject as a slug (``2-add-more.md``), not the
+    patch file's name, which ``git format-patch`` cuts mid-word."""
+    return f"{number}-{re.sub(r'[^a-z0-9]+', '-', subject.lower()).strip('-')}.md"
 
 
 def is_new(key: str, added: dict[str, set[str]], defined: dict[str, set[str]]) -> bool:
@@ -227,7 +257,7 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
         if entry["stages"][last].get("tree") != rev_tree(repo):
             raise KitError(f"the gate report was made from another tree of {name} than HEAD's: run `make gate` again")
         prefix = f"upstream/{name}/"
-        names = [f"{n}-{stack.slug(p[0])}.md" for n, p in enumerate(per_step, 1)] if files else ["1.md"]
+        names = [body_name(n, stack.subject(p[0])) for n, p in enumerate(per_step, 1)] if files else ["1.md"]
         upstream_tests = table[name].get("gate", {}).get("upstream_tests", [])
         matrix = matrix_sentence(name, entry, matrix_file)
         made[name] = {}
@@ -246,7 +276,7 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
 def main(argv: list[str] | None = None) -> int:
     """Write one body per commit of every upstream that has templates (all or none); return 0, or 1 with one line
     on a KitError."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.pr", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.pr", description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=Path, default=sources.KIT_ROOT / "docs" / "pr")
     parser.add_argument("--report", type=Path, default=sources.KIT_ROOT / "build" / "gate" / "report.json")
     parser.add_argument("--matrix", type=Path, default=sources.KIT_ROOT / "build" / "matrix" / "report.json")
@@ -256,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
     parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)
     parser.add_argument("--root", type=Path, default=sources.KIT_ROOT, help="the kit's clone (its origin: KIT_URL)")
+    parser.add_argument("--issues", type=Path, default=sources.KIT_ROOT / "docs" / "issues",
+                        help="the bug reports to file upstream, <key>.md for a commit's key")
+    parser.add_argument("--draft", action="store_true",
+                        help="write bodies that still hold a placeholder for an issue number (to read, not to open)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
     def work() -> int:
@@ -267,6 +301,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         report = json.loads(args.report.read_text())
+        keys = {name: [step.get("key", "") for step in report["upstreams"][name].get("steps") or [{}]]
+                for name in made}
+        found = placeholders(made, keys, args.issues)
+        if found and not args.draft:
+            print(f"error: {plural(len(found), 'PR body', 'PR bodies')} would ship a placeholder for an issue "
+                  f"number, nothing was written: {'; '.join(found)}; then put each issue's number in its "
+                  "docs/pr/<name>/<n>.md and commit message (README, 'From make test to an opened PR'), or read "
+                  "them first with `make pr DRAFT=1`", file=sys.stderr)
+            return 1
+        for line in found:
+            print(f"WARNING: DRAFT, do not open this pull request yet: {line}", file=sys.stderr, flush=True)
         for name, files in made.items():
             folder = args.out / name
             shutil.rmtree(folder, ignore_errors=True)  # no body of another series stays
@@ -278,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
             (folder / ".series").write_text(report["upstreams"][name]["series_id"] + "\n")
             for note in placeholder_notes(args.patches / name):
                 print(f"  {note}")
+        if found:
+            print(f"WARNING: {plural(len(found), 'body', 'bodies')} above still {verb(len(found), 'holds', 'hold')} "
+                  "a placeholder for an issue number (DRAFT=1): file the bug reports first", file=sys.stderr)
         return 0
 
     return runlock.interruptible(work, lambda: runlock.describe_checkouts(args.checkouts, args.patches, args.sources))

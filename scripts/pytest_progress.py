@@ -4,9 +4,15 @@ Loaded with ``-p scripts.pytest_progress`` (``make test``, the gate's stages). O
 
 - ``--progress-every=S``: every S seconds (a thread), one line ``progress: D/T tests done, F failed, E s`` on the
   terminal, T being the tests collected (under pytest-xdist: by the first worker that finished collecting); silent
-  until S seconds have passed, so a short run prints none and a CI log gets one line per S seconds.
-- ``--progress-file=PATH``: after every test, ``D T F`` (done, collected, failed) written to PATH, for a process
-  that reports on this one (scripts/gate.py).
+  until S seconds have passed, so a short run prints none and a CI log gets one line per S seconds. A test that has
+  run for S seconds or more is named there (``; running for R s: <node id>``: the longest-running one).
+- ``--progress-file=PATH``: at the start and end of every test, a JSON object written to PATH whole, for a process
+  that reports on this one (scripts/gate.py): ``done``, ``total`` (collected), ``failed``, ``expected`` (of the
+  failed, those ``--progress-expect`` expects), ``running`` ([node id, time.time() it started] of the longest-running
+  test, or null).
+- ``--progress-expect=PATH``: a JSON object {"ids": [node ids], "markers": ["<upstream>#<key>" or "<upstream>#*"]}:
+  the tests whose failures are expected (the FAIL_TO_PASS tests of a gate's stage before their fix; a marker
+  matches the ``regression`` property of scripts/pytest_regression.py).
 
 A test is done when its teardown report comes (every test has one, whether it passed, failed or was skipped).
 When the session ends interrupted (Ctrl-C: exit status 2), the ``--junitxml`` file is written beside the asked one
@@ -14,6 +20,7 @@ as ``<name>.interrupted.xml``, so that the XML of the last complete run stays (i
 """
 
 import contextlib
+import json
 import threading
 import time
 from pathlib import Path
@@ -26,22 +33,41 @@ class Progress:
 
     def __init__(self, config: pytest.Config):
         self.config, self.started = config, time.monotonic()
-        self.done = self.total = self.failed = 0
+        self.done = self.total = self.failed = self.expected = 0
+        self.running: dict[str, float] = {}  # node id: time.time() it started
         self.file = config.getoption("progress_file")
         self.every = config.getoption("progress_every")
+        expect = config.getoption("progress_expect")
+        expected = json.loads(Path(expect).read_text()) if expect else {}
+        self.expected_ids, self.markers = set(expected.get("ids", ())), set(expected.get("markers", ()))
         self.stop = threading.Event()
 
+    def is_expected(self, report: pytest.TestReport) -> bool:
+        """True when ``--progress-expect`` expects the failure of ``report``'s test."""
+        marks = [value for name, value in report.user_properties if name == "regression"]
+        return report.nodeid in self.expected_ids or any(
+            mark in self.markers or f"{mark.partition('#')[0]}#*" in self.markers for mark in marks)
+
+    def longest_running(self) -> tuple[str, float] | None:
+        """(node id, time.time() it started) of the test running longest, or None."""
+        return min(self.running.items(), key=lambda item: item[1], default=None)
+
     def line(self) -> str:
-        """``progress: D/T tests done, F failed, E s``."""
+        """``progress: D/T tests done, F failed, E s``, and the test running for ``every`` s or more, if any."""
         total = f"/{self.total}" if self.total else ""
-        return (f"progress: {self.done}{total} tests done, {self.failed} failed, "
-                f"{time.monotonic() - self.started:.0f} s")
+        elapsed = time.monotonic() - self.started
+        line = f"progress: {self.done}{total} tests done, {self.failed} failed, {elapsed:.0f} s"
+        running = self.longest_running()
+        if running and time.time() - running[1] >= self.every:
+            line += f"; running for {time.time() - running[1]:.0f} s: {running[0]}"
+        return line
 
     def write_file(self) -> None:
-        """Write the counts to ``--progress-file`` whole (a reader never sees half a line)."""
+        """Write the counts to ``--progress-file`` whole (a reader never sees half of it)."""
         if self.file:
             partial = Path(f"{self.file}.partial")
-            partial.write_text(f"{self.done} {self.total} {self.failed}\n")
+            partial.write_text(json.dumps({"done": self.done, "total": self.total, "failed": self.failed,
+                                           "expected": self.expected, "running": self.longest_running()}) + "\n")
             partial.replace(self.file)
 
     def tick(self) -> None:
@@ -63,7 +89,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kit progress")
     group.addoption("--progress-every", type=float, default=0, metavar="S",
                     help="print the tests done / collected every S seconds (0: never)")
-    group.addoption("--progress-file", default="", metavar="PATH", help="write 'done collected failed' to PATH")
+    group.addoption("--progress-file", default="", metavar="PATH", help="write the counts to PATH (JSON)")
+    group.addoption("--progress-expect", default="", metavar="PATH",
+                    help="JSON {ids, markers} of the tests whose failures are expected")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -100,9 +128,21 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     progress = _current[0]
     progress.failed += report.failed
+    progress.expected += report.failed and progress.is_expected(report)
     if report.when == "teardown":
         progress.done += 1
-        progress.write_file()
+
+
+def pytest_runtest_logstart(nodeid: str, location) -> None:
+    if _current:
+        _current[0].running[nodeid] = time.time()
+        _current[0].write_file()
+
+
+def pytest_runtest_logfinish(nodeid: str, location) -> None:
+    if _current:
+        _current[0].running.pop(nodeid, None)
+        _current[0].write_file()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -64,6 +64,21 @@ def fetch(pin: Pin, cache_dir: Path, pip_options: list[str] = (), published_by: 
     return cached
 
 
+def check_cached(pin: Pin, cache_dir: Path, pip_options: list[str] = ()) -> str:
+    """Re-hash ``pin``'s sdist in ``cache_dir``, if one is there, and replace a damaged one at once (``fetch``), so
+    that the next checkout made from it needs no network (issue 33: a truncated archive passed every ``make apply``
+    until a checkout had to be rebuilt). Returns a warning line when the damaged archive could not be downloaded
+    again (it is deleted then; nothing else depends on it while the checkout's base exists), else ''."""
+    cached = cache_dir / pin.sdist
+    if not cached.exists() or sha256_of(cached) == pin.sha256:
+        return ""
+    try:
+        fetch(pin, cache_dir, pip_options)
+    except KitError as e:
+        return f"warning: {e}; the checkout's base/{pin.version} is unaffected"
+    return ""
+
+
 def _verify(archive: Path, pin: Pin, published_by: str = "") -> None:
     actual = sha256_of(archive)
     if actual == pin.sha256:

@@ -70,11 +70,6 @@ def subject(patch: Path) -> str:
     return re.sub(r"^\[PATCH[^\]]*\]\s*", "", text).strip()
 
 
-def slug(patch: Path) -> str:
-    """The file-name slug of a patch: ``0002-Keep-the-cluster-files.patch`` -> ``keep-the-cluster-files``."""
-    return re.sub(r"^\d+-", "", patch.stem).lower()
-
-
 def fixes(patch: Path) -> list[str]:
     """The issue numbers of the patch's ``Fixes #N`` lines."""
     return re.findall(r"^Fixes #(\d+)", patch.read_text(errors="replace"), re.M)
@@ -139,8 +134,11 @@ def commits(name: str, gate: dict, patches: list[Path], scope: tuple[str, ...]) 
     if "fail_to_pass" in gate:
         raise KitError(f"[{name}.gate] has both fail_to_pass and [[{name}.gate.commits]]: declare the ids per commit")
     if len(tables) != len(patches):
+        more = (f"; a new commit needs a [[{name}.gate.commits]] table of its own in upstream/sources.toml (key, "
+                f"fail_to_pass) and its PR body docs/pr/{name}/{len(patches)}.md (README, 'Changing a patch')"
+                if len(patches) > len(tables) else "")
         raise KitError(f"[{name}.gate] lists {len(tables)} commits, patches/{name}/ holds {len(patches)}: one "
-                       f"[[{name}.gate.commits]] table per patch, in series order")
+                       f"[[{name}.gate.commits]] table per patch, in series order{more}")
     made, keys = [], set()
     for number, (table, patch) in enumerate(zip(tables, patches, strict=True), 1):
         key = str(table.get("key", ""))

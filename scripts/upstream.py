@@ -2,7 +2,8 @@
 
 Commands (each acts on every upstream in ``upstream/sources.toml``, or on ``--only NAME``):
   checkout  make ``upstream/<name>/`` with the pristine commit ``base/<version>`` (sdist: download, verify,
-            cache; or ``--source git``: the upstream's tag)
+            cache; or ``--source git``: the upstream's tag); a cached sdist is re-hashed on every run and a damaged one
+            downloaded again at once
   apply     checkout, then ``base/<version>`` + ``patches/<name>/*.patch`` on branch ``series/<version>``
             (``--keep-conflict``: a patch that does not apply leaves ``git am`` stopped there, for the user)
   unapply   back to ``base/<version>`` (refuses to drop uncommitted edits or unexported commits)
@@ -24,13 +25,13 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, checkout, runlock, series, sources, worktree
+from scripts import ArgumentParser, KitError, checkout, runlock, sdist, series, sources, worktree
 from scripts.git import git
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse ``argv`` (without the program name) into the options described in the module docstring."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.upstream", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.upstream", description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["checkout", "apply", "unapply", "export", "install"])
     parser.add_argument("--only", help="act on this upstream only")
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION",
@@ -126,6 +127,9 @@ def run(args: argparse.Namespace) -> list[str]:
         if args.command in ("checkout", "apply"):
             base = checkout.make_base(pin, repo, args.cache, pip_options, args.source)
             say(f"{name}: base/{pin.version} is {base[:12]}")
+            warning = sdist.check_cached(pin, args.cache, pip_options)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         elif not (repo / ".git").is_dir():
             raise KitError(f"{repo} does not exist yet: run `make apply` first")
     try:

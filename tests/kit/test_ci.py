@@ -9,9 +9,9 @@ WORKFLOW = KIT_ROOT / ".github" / "workflows" / "gate.yml"
 
 
 def readme_commands() -> list[str]:
-    """The commands of the README's set-up block (the first fenced block)."""
+    """The commands of the README's set-up block (the first fenced block), without their shell comments."""
     block = re.search(r"```\n(.*?)```", (KIT_ROOT / "README.md").read_text(), re.S).group(1)
-    return [line.strip() for line in block.splitlines() if line.strip()]
+    return [command for line in block.splitlines() if (command := line.partition("#")[0].strip())]
 
 
 def test_ci_run_calls_the_readme_commands_then_the_gate():

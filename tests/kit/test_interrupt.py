@@ -169,3 +169,29 @@ def test_the_run_waits_for_a_slow_clean_up_after_ctrl_c(tmp_path):
     assert code == 130, err
     assert done.exists()
     assert "no process of the run is left;" in err  # it ended by itself: the sweep found nothing
+
+
+def test_an_interrupted_gate_leaves_no_report_that_claims_a_verdict(kit, tmp_path):
+    """Issue 33, item 2: after SIGINT at 30 s, report.md still read `Verdict: **PASS**` while the stage log it linked
+    was the aborted run's and its junit.xml was gone; 9 MB of the stages' tmp/ was left."""
+    make_series(kit, fix=True)
+    argv = write_kit(kit, SLOW_GUARD)
+    out, mark = kit.root / "out", kit.root / "in-the-stage"
+    finished = subprocess.run([sys.executable, "-m", "scripts.gate", *argv], cwd=KIT_ROOT, env=outside_run(tmp_path),
+                              capture_output=True, text=True, timeout=300)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "Verdict: **PASS**" in (out / "report.md").read_text()
+    proc = subprocess.Popen([sys.executable, "-m", "scripts.runlock", "--name", "make gate", "--", sys.executable,
+                             "-m", "scripts.gate", *argv], cwd=KIT_ROOT,
+                            env={**outside_run(tmp_path), "TINY_MARK": str(mark)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(mark.exists, proc)
+    assert not (out / "report.json").exists()  # the old verdict went with its evidence when the run started
+    code, err = ctrl_c(proc)
+    assert code == 130, err
+    md = (out / "report.md").read_text()
+    assert "PASS" not in md and md.startswith("# Gate report\n\nVerdict: **none**: this run ended after "), md
+    assert "(the run was interrupted)" in md and "[before/pytest.log](before/pytest.log)" in md
+    assert not (out / "report.json").exists()
+    assert not [path for path in out.glob("*/tmp")], "the stages' temporary files were left"
+    assert "report.md says that this run has no verdict" in err

@@ -78,6 +78,31 @@ def test_a_damaged_cached_archive_is_downloaded_again_and_the_pin_is_not_blamed(
     assert (kit.cache / "tiny-1.0.tar.gz").read_bytes() == (kit.index / "tiny-1.0.tar.gz").read_bytes()
 
 
+def test_a_cached_archive_damaged_after_the_checkout_is_replaced_by_the_next_apply(kit):
+    """Issue 33, item 7: a truncated sdist in the cache passed `make apply` silently (the bad file kept), and was
+    caught only when a checkout had to be rebuilt, which then needed the network."""
+    assert kit.run("apply")[0] == 0
+    (kit.cache / "tiny-1.0.tar.gz").write_bytes(b"truncated")
+    code, err = kit.run("apply")
+    assert code == 0, err
+    assert "the cached tiny-1.0.tar.gz had sha256" in err and "it was deleted and downloaded again" in err
+    assert (kit.cache / "tiny-1.0.tar.gz").read_bytes() == (kit.index / "tiny-1.0.tar.gz").read_bytes()
+
+
+def test_a_damaged_cached_archive_without_network_is_deleted_with_one_warning(kit, tmp_path):
+    assert kit.run("apply")[0] == 0
+    (kit.cache / "tiny-1.0.tar.gz").write_bytes(b"truncated")
+    offline = tmp_path / "empty-index"
+    offline.mkdir()
+    code, err = kit.run("apply", index=offline)
+    assert code == 0, err  # the checkout does not need the archive
+    lines = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == 1 and "cannot download tiny-1.0.tar.gz" in lines[0], err
+    assert "the checkout's base/1.0 is unaffected" in lines[0]
+    assert not (kit.cache / "tiny-1.0.tar.gz").exists()
+    assert "series already applied" in kit.out or "applied" in kit.out
+
+
 def test_interrupt_says_no_process_is_left_not_a_count_of_zero(tmp_path):
     """The command (as the gate does) stops its own 12 processes; the wrapper used to say "0 processes stopped"."""
     code = ("import subprocess, sys, time; from scripts import runlock\n"

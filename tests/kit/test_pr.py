@@ -57,15 +57,16 @@ def pr_kit(kit):
     return kit
 
 
-def run_pr(kit, monkeypatch, url: str | None = "https://github.com/someone/kit") -> int:
+def run_pr(kit, monkeypatch, url: str | None = "https://github.com/someone/kit", *options: str) -> int:
     if url is None:
         monkeypatch.delenv("KIT_URL", raising=False)
     else:
         monkeypatch.setenv("KIT_URL", url)
     return pr.main([f"--docs={kit.root / 'docs'}", f"--report={kit.root / 'report.json'}", f"--out={kit.root / 'out'}",
                     f"--matrix={kit.root / 'matrix.json'}", f"--outdated={kit.root / 'outdated.json'}",
+                    f"--issues={kit.root / 'issues'}",
                     f"--checkouts={kit.root / 'upstream'}", f"--patches={kit.root / 'patches'}",
-                    f"--sources={kit.root / 'sources.toml'}", f"--root={kit.root}"])
+                    f"--sources={kit.root / 'sources.toml'}", f"--root={kit.root}", *options])
 
 
 def test_body_links_the_kit_and_tells_new_tests_from_existing_ones(pr_kit, monkeypatch):
@@ -111,6 +112,14 @@ def test_kit_url_from_origin(tmp_path, origin, expected):
     git(tmp_path, "init", "--quiet")
     git(tmp_path, "remote", "add", "origin", origin)
     assert pr.kit_url({}, tmp_path) == expected
+
+
+def test_a_local_path_as_kit_url_is_named_as_such(pr_kit, monkeypatch, capsys):
+    """Issue 33, item 5: `make pr KIT_URL=../my-kit` said "KIT_URL is unset"."""
+    assert run_pr(pr_kit, monkeypatch, "../my-kit") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "KIT_URL=../my-kit is not a public URL" in err and "unset" not in err, err
+    assert not (pr_kit.root / "out").exists()
 
 
 def test_no_usable_url_is_refused_before_anything_is_written(pr_kit, monkeypatch, capsys):
@@ -205,3 +214,63 @@ def test_the_body_says_whether_the_base_is_newest_and_how_old_the_snapshot_is(pr
     body = (pr_kit.root / "out" / "tiny" / BODY).read_text()
     assert release in body and snapshot in body
     assert ("is the newest release" in body) == (newest == "1.0")
+
+
+def stacked_report(pr_kit, second_template: str) -> None:
+    """Commit a follow-up "Add MORE" (key "more") on tiny, export it, and write its step into the gate report."""
+    repo, prefix = pr_kit.root / "upstream" / "tiny", "upstream/tiny/"
+    (repo / "tests" / "test_more.py").write_text("def test_more():\n    import tiny\n\n    assert tiny.MORE\n")
+    (repo / "tiny" / "__init__.py").write_text("VALUE = 2\nMORE = 3\n")
+    git(repo, "add", "--all")
+    git(repo, *AUTHOR, "commit", "--quiet", "--signoff", "--message",
+        "Write each reshuffle of the difficulty clusters to a file of its own\n\nA follow-up.")
+    assert pr_kit.run("export")[0] == 0
+    report = json.loads((pr_kit.root / "report.json").read_text())
+    first = report["upstreams"]["tiny"]
+    more = prefix + "tests/test_more.py::test_more"
+    second = {"commit": 2, "of": 2, "key": "more", "subject": "Add MORE",
+              "stages": {"before": "stage-1", "after": "stage-2"}, "FAIL_TO_PASS": [more],
+              "PASS_TO_PASS": first["FAIL_TO_PASS"] + first["PASS_TO_PASS"],
+              "tests": {**{k: {"before": "passed", "after": "passed"} for k in first["tests"]},
+                        more: {"before": "failed", "after": "passed"}}, "violations": []}
+    first |= {"commit": 1, "of": 2, "key": "1", "subject": "Set VALUE to 2",
+              "stages": {"before": "stage-0", "after": "stage-1"}}
+    report["upstreams"]["tiny"] = {**first, "steps": [dict(first), second],
+                                   "stages": {"stage-2": {"commit": rev(repo), "tree": head_tree(repo)}}}
+    (pr_kit.root / "report.json").write_text(json.dumps(report))
+    (pr_kit.root / "docs" / "tiny" / "2.md").write_text(second_template)
+
+
+PLACEHOLDER_BODY = ("# More\n\nFixes #<the follow-up issue: MORE > 0 is missing> (to be filed)\n\n{gate}\n\n"
+                    "{reproduce}\n")
+
+
+def test_a_body_that_would_ship_a_placeholder_is_refused_naming_the_report_to_file(pr_kit, monkeypatch, capsys):
+    """Issue 33, item 3: two DeepSpeed PR bodies shipped `Fixes #<the follow-up issue: ...>` and make pr said
+    nothing."""
+    stacked_report(pr_kit, PLACEHOLDER_BODY)
+    (pr_kit.root / "issues").mkdir()
+    (pr_kit.root / "issues" / "more.md").write_text("# [BUG] MORE is missing\n")
+    capsys.readouterr()
+    assert run_pr(pr_kit, monkeypatch) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("error: 1 PR body would ship a placeholder for an issue number, nothing was written: ")
+    assert (f"tiny 2-write-each-reshuffle-of-the-difficulty-clusters-to-a-file-of-its-own.md says `#<the follow-up "
+            f"issue: MORE > 0 is missing>`: file {pr_kit.root / 'issues' / 'more.md'} upstream") in err
+    assert "`make pr DRAFT=1`" in err
+    assert not (pr_kit.root / "out").exists()
+
+
+def test_draft_writes_a_body_with_a_placeholder_and_warns_first(pr_kit, monkeypatch, capsys):
+    stacked_report(pr_kit, PLACEHOLDER_BODY)
+    capsys.readouterr()
+    assert run_pr(pr_kit, monkeypatch, "https://github.com/someone/kit", "--draft") == 0
+    captured = capsys.readouterr()
+    assert captured.err.startswith("WARNING: DRAFT, do not open this pull request yet: tiny 2-write-each-reshuffle-"
+                                   "of-the-difficulty-clusters-to-a-file-of-its-own.md says `#<the follow-up issue: "
+                                   "MORE > 0 is missing>`: file its bug report upstream\n"), captured.err
+    assert captured.err.splitlines()[-1].startswith("WARNING: 1 body above still holds")
+    # The whole subject names the file, not format-patch's cut of it ("...-to-a-new-fil.md").
+    body = pr_kit.root / "out" / "tiny" / "2-write-each-reshuffle-of-the-difficulty-clusters-to-a-file-of-its-own.md"
+    assert "Fixes #<the follow-up issue: MORE > 0 is missing>" in body.read_text()

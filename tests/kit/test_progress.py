@@ -4,11 +4,13 @@ The periods are shortened here (``--progress-every``, ``--say-every``, ``gate.PR
 seconds; the kit uses 30 s.
 """
 
+import json
 import re
 import subprocess
 import sys
+import time
 
-from scripts import gate
+from scripts import gate, launch
 from scripts.sources import KIT_ROOT
 from tests.kit.test_gate import GOOD, make_series, write_kit
 from tests.kit.test_runlock import outside_run
@@ -51,6 +53,9 @@ def test_pytest_says_nothing_in_a_short_run(tmp_path):
 
 
 def test_gate_prints_each_stage_progress_every_period(kit, capsys, monkeypatch):
+    """Issue 33, item 4: `stage-0 237/241 tests done (92 failed)` alarmed (they were the expected failures), and the
+    counts stood still for 60 s with no word of what ran. Now: whether the failures are the expected ones, and the
+    test a stage has been running for a period."""
     make_series(kit, fix=True)
     slow = {**GOOD, "guard": "assert tiny.VALUE in (1, 2)\n    __import__('time').sleep(2.5)"}
     argv = write_kit(kit, slow)
@@ -59,9 +64,31 @@ def test_gate_prints_each_stage_progress_every_period(kit, capsys, monkeypatch):
     assert gate.main(argv) == 0
     out = capsys.readouterr().out
     assert "gate: stages before, after started" in out
-    lines = re.findall(r"^gate: \d+ s: before (.*); after (.*)$", out, re.M)
-    assert lines, out
-    assert any(re.fullmatch(r"\d+/\d+ tests done \(\d+ failed\)", stage) for line in lines for stage in line), lines
+    blocks = re.findall(r"^gate: \d+ s: the stages' tests done / collected\n  before: (.*)\n  after: (.*)$", out, re.M)
+    assert blocks, out
+    stages = [stage for block in blocks for stage in block]
+    shape = (r"waiting|collecting|(\d+/\d+ tests done|finished: \d+ tests), (none failed|\d+ failed \(all "
+             r"expected\))(, running \S+ for \d+ s)?")
+    assert all(re.fullmatch(shape, stage) for stage in stages), stages
+    assert any("running suites/tiny/test_tiny_kit.py::test_value_is_known for " in s for s in stages), stages
+    assert re.search(r"^gate before: 2 failed, 1 passed \(all expected\) in ", out, re.M), out
+    assert re.search(r"^gate after: 3 passed in ", out, re.M), out
+    assert "gate: judging the stages, writing the report and removing the stages' trees" in out
+
+
+def test_gate_says_when_a_stage_fails_tests_it_should_not(kit, capsys):
+    make_series(kit, fix=True)
+    argv = write_kit(kit, {**GOOD, "guard": "assert tiny.VALUE == 2"})  # a guard that fails before the fix
+    capsys.readouterr()
+    assert gate.main(argv) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^gate before: 3 failed \(1 failure NOT expected: see the log\) in ", out, re.M), out
+
+
+def test_pytest_names_a_test_that_runs_for_a_period(tmp_path):
+    result = pytest_run(tmp_path, "--progress-every=1")
+    assert re.search(r"^progress: 1/3 tests done, 0 failed, \d+ s; running for \d+ s: test_suite.py::test_slow$",
+                     result.stdout, re.M), result.stdout
 
 
 def test_runlock_says_what_a_quiet_command_does_every_period(tmp_path):
@@ -73,3 +100,21 @@ def test_runlock_says_what_a_quiet_command_does_every_period(tmp_path):
     assert lines[0] == "make apply: installing torch"
     assert 1 <= len(lines[1:]) <= 3 and all(re.fullmatch(r"make apply: still installing torch \(\d s\)", line)
                                             for line in lines[1:]), lines
+
+
+def test_a_stage_of_a_stack_is_named_with_its_role_and_what_it_has_been_running(tmp_path):
+    job = launch.Job(["true"], tmp_path / "stage-1" / "pytest.log", 60)
+    role = "after deepspeed 1/3, before deepspeed 2/3, after accelerate"
+    assert gate.stage_progress(job, role, str) == f"stage-1 ({role}): waiting"
+    job.started = 1.0
+    (tmp_path / "stage-1").mkdir()
+    assert gate.stage_progress(job, role, str) == f"stage-1 ({role}): collecting"
+    counts = {"done": 61, "total": 244, "failed": 13, "expected": 12, "running": ["tests/x.py::test_launch",
+                                                                                 time.time() - 45]}
+    (tmp_path / "stage-1" / "progress").write_text(json.dumps(counts))
+    assert gate.stage_progress(job, role, lambda key: f"renamed/{key}") == (
+        f"stage-1 ({role}): 61/244 tests done, 13 failed (1 failure NOT expected: see the log), running "
+        "renamed/tests/x.py::test_launch for 45 s")
+    (tmp_path / "stage-1" / "junit.xml").write_text("<testsuites/>")  # a stage whose pytest ended
+    assert gate.stage_progress(job, role, str) == (
+        f"stage-1 ({role}): finished: 61 tests, 13 failed (1 failure NOT expected: see the log)")

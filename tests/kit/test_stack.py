@@ -109,6 +109,18 @@ def test_a_good_stack_passes_step_by_step_in_n_plus_one_stages(kit, capsys):
     for k, subject in enumerate(["Set VALUE to 2", "Add MORE", "Add THIRD"], 1):
         assert f"| tiny {k}/3 | 1.0 |" in md and f"### {k}/3: {subject} (pass)" in md
     assert worktree.listed(kit.repo) == []
+    # Issue 33, item 4: each stage's role, whether its failures are the expected ones, and counts that match the
+    # report's summary table (the stack's line used to show commit 1's PASS_TO_PASS as if the stack's).
+    assert "  stage-0: before tiny 1/3\n  stage-1: after tiny 1/3, before tiny 2/3\n" in out
+    assert "gate stage-0: 4 failed, 1 passed (all expected) in " in out, out
+    assert "gate stage-3: 7 passed in " in out
+    assert (f"  tiny 1.0 (series), a stack of 3 commits: FAIL_TO_PASS 6 in all, violations 0; series id "
+            f"{tiny['series_id']}\n") in out
+    # The id README says to record after a default-branch check is in the report a person reads, not only its JSON.
+    assert f"Series id `{tiny['series_id']}`: after checking this series against tiny's default branch" in md
+    for step in tiny["steps"]:
+        assert (f"    {step['commit']}/3 {step['subject']}: FAIL_TO_PASS {len(step['FAIL_TO_PASS'])}, PASS_TO_PASS "
+                f"{len(step['PASS_TO_PASS'])}, violations 0") in out
 
 
 def test_a_stack_whose_second_fix_is_removed_fails_at_step_2_only(kit, capsys):
@@ -127,6 +139,7 @@ def test_a_third_commit_that_breaks_a_test_of_the_first_fails_as_pass_to_pass_at
     make_stack(kit, third_breaks_first=True)
     code, report, out, err = run(kit, capsys)
     assert code == 1
+    assert "gate stage-3: 3 failed, 4 passed (3 failures NOT expected: see the log) in " in out, out
     steps = report["upstreams"]["tiny"]["steps"]
     assert [s["verdict"] for s in steps] == ["pass", "pass", "fail"], out
     assert f"tiny 3/3 {UP}test_fixed.py::test_value_is_two: PASS_TO_PASS test failed after: AssertionError: " \
@@ -154,7 +167,10 @@ def test_a_commit_whose_test_hunks_do_not_apply_on_the_commits_before_it_is_refu
                    'fail_to_pass = ["tests/test_fixed.py::test_value_is_two"]'),
      "FAIL_TO_PASS tests/test_fixed.py::test_value_is_two is not a test this commit adds"),
     (TABLE.replace("key = 3", "key = 4"), "key 4 is not the commit's Fixes #N (3)"),
-    (TABLE.split("[[tiny.gate.commits]]\nkey = 3")[0], "lists 2 commits, patches/tiny/ holds 3"),
+    (TABLE.split("[[tiny.gate.commits]]\nkey = 3")[0], "lists 2 commits, patches/tiny/ holds 3: one "
+     "[[tiny.gate.commits]] table per patch, in series order; a new commit needs a [[tiny.gate.commits]] table of its "
+     "own in upstream/sources.toml (key, fail_to_pass) and its PR body docs/pr/tiny/3.md (README, 'Changing a "
+     "patch')"),
 ], ids=["id-of-another-commit", "key-is-not-fixes", "a-table-short"])
 def test_a_declaration_that_does_not_match_the_stack_is_refused_in_one_line(kit, capsys, table, message):
     make_stack(kit)

@@ -4,15 +4,17 @@ floor.
 ``python -m scripts.bench [options]`` (``make bench BENCH_ARGS=...``) measures, in one run, the parts chosen with
 ``--only`` (default: accelerate, deepspeed; ``--gate`` adds gate):
 
-- ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench_upstreams.py);
-- ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench_gate.py); ``profile``
+- ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench/upstreams.py);
+- ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench/gate.py); ``profile``
   (``--profile-gate``): where the gate's time goes; ``cold-apply`` (``--cold-apply``): item 5.
 
-The sides, the measurement processes and the figures are described in scripts/bench_common.py.
+The sides, the measurement processes and the figures are described in scripts/bench/common.py.
 Output: ``build/bench/report.json`` and ``report.md`` (``--out``), logs of every process in ``<out>/logs/``.
-Exit status 0 when every measurement ran (targets missed do not fail it), 1 on an error (a process failed or
-timed out, a tree was not the one asked for, a work tree could not be made); a part that fails is listed under
-"Errors" in the report and the other parts still run.
+The report and the console end with one verdict (scripts/bench/targets.py). Exit status 0 when every part was
+measured and no target is missed (a target within noise does not fail it: the verdict says how many repetitions
+would decide it), 1 when a target is not met or on an error (a process failed or timed out, a tree was not the one
+asked for, a work tree could not be made; such a part is listed under "Errors" and the other parts still run), 130
+on Ctrl-C (the report holds what was measured until then).
 """
 
 import argparse
@@ -25,8 +27,11 @@ import sys
 import time
 from pathlib import Path
 
-from scripts import KitError, bench_gate, bench_upstreams, runlock, sources, worktree
-from scripts.bench_common import make_sides, verdict
+from scripts import ArgumentParser, KitError, runlock, sources, worktree
+from scripts.bench import gate as bench_gate
+from scripts.bench import targets
+from scripts.bench import upstreams as bench_upstreams
+from scripts.bench.common import make_sides
 
 PARTS = ("accelerate", "deepspeed", "gate", "profile", "cold-apply")
 # Defaults that keep `make bench` within 5 minutes on 2 shared cores (issue 22); more with --repeat, --inner, --gate
@@ -48,17 +53,27 @@ def machine_info() -> dict:
 
 
 def markdown(doc: dict) -> str:
-    """The Markdown report of ``doc`` (the JSON document)."""
+    """The Markdown report of ``doc`` (the JSON document): the verdict and the targets first, then how and where it
+    was measured, then each part's figures."""
     m, md = doc["machine"], ["# Benchmarks", ""]
     versions = ", ".join(f"{k} {v}" for k, v in doc["versions"].items())
-    md += [f"Command: `{doc['command']}`", "",
-           f"Machine: {m['nproc']} cores ({m['cpu']}), kernel {m['kernel']}, load (1 min) {m['load_1min_start']} at "
-           f"start and {m['load_1min_end']} at end; venv: {versions}.",
+    md += [f"Verdict: **{doc['verdict']}**", "",
            *([f"**Interrupted** {doc['interrupted']}: only what was measured until then is below.", ""]
              if doc.get("interrupted") else []),
+           "## Targets", "",
+           "Each target is judged on its repetitions: met when every one is on the good side of the bound, not met "
+           "when every one is on the bad side, within noise otherwise (scripts/bench/targets.py). Figures that are "
+           "not targets are in the parts' tables below.", "",
+           "| goal | measured: median [range] | verdict |", "|---|---|---|"]
+    md += [f"| {t['goal']} | {t['measured']} | {targets.cell(t)} |" for t in doc["targets"]]
+    md += ["", f"Command: `{doc['command']}`", "",
+           f"Machine: {m['nproc']} cores ({m['cpu']}), kernel {m['kernel']}, load (1 min) {m['load_1min_start']} at "
+           f"start and {m['load_1min_end']} at end; venv: {versions}.", "",
            f"Started {doc['started']}, took {doc['wall_s']:.0f} s. Every figure is a median over repetitions; every "
            "ratio patched/base is the median of per-repetition ratios of adjacent base/patched processes "
            "(range in brackets).", ""]
+    if doc["errors"]:
+        md += ["## Errors (these parts were not measured)", ""] + [f"- {error}" for error in doc["errors"]] + [""]
     md += ["## Sides", "", "| upstream | side | commit | imported from | note |", "|---|---|---|---|---|"]
     for upstream, by_side in doc["sides"].items():
         for name, side in by_side.items():
@@ -71,16 +86,12 @@ def markdown(doc: dict) -> str:
     for key, section in sections:
         if doc.get(key):
             md += section(doc[key])
-    if doc["errors"]:
-        md += ["## Errors (these parts were not measured)", ""] + [f"- {error}" for error in doc["errors"]] + [""]
-    md += ["## Targets (measured figures reported whether met or not)", "", "| goal | measured | |", "|---|---|---|"]
-    md += [f"| {t['goal']} | {t['measured']} | {verdict(t)} |" for t in doc["targets"]]
     return "\n".join(md) + "\n"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the options; ``--version``/``--patched-from`` become dicts ``versions``/``patched_from``."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.bench", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--python", type=Path, default=sources.KIT_ROOT / ".venv" / "bin" / "python",
                         help="the venv Python of the measurement processes (default .venv/bin/python)")
     parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION",
@@ -169,19 +180,20 @@ def main(argv: list[str] | None = None) -> int:
         doc["versions"].update(doc.get(part, {}).get("versions", {}))
     doc["machine"]["load_1min_end"] = round(os.getloadavg()[0], 2)
     doc["wall_s"] = round(time.monotonic() - started, 1)
-    doc["targets"] = bench_upstreams.targets(doc.get("accelerate"), doc.get("deepspeed")) + bench_gate.targets(
-        doc.get("gate"))
+    doc["targets"] = targets.targets(doc)
     doc["interrupted"] = args.interrupted
+    doc["verdict"], failed = targets.overall(doc["targets"], doc["errors"], args.interrupted)
     (args.out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     (args.out / "report.md").write_text(markdown(doc))
     if args.interrupted:
         print(f"bench: interrupted {args.interrupted}; what was measured until then is in "
               f"{os.path.relpath(args.out)}/report.md ({doc['wall_s']:.0f} s)", file=sys.stderr)
         return 130
-    print(f"bench: report in {args.out}/report.md ({doc['wall_s']:.0f} s)")
+    print(f"bench: report in {os.path.relpath(args.out)}/report.md ({doc['wall_s']:.0f} s)")
     for row in doc["targets"]:
-        print(f"  {verdict(row)}: {row['goal']}: {row['measured']}")
-    return 1 if doc["errors"] else 0
+        print(f"  {targets.cell(row)}: {row['goal']}: {row['measured']}")
+    print(f"bench: {doc['verdict']}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""One measurement process of ``scripts/bench.py``: one side (base or patched) of one upstream, one kind.
+"""One measurement process of ``python -m scripts.bench``: one side (base or patched) of one upstream, one kind.
 
-Run with the kit's venv Python, never imported by the kit: ``.venv/bin/python scripts/bench_child.py KIND
+Run with the kit's venv Python, never imported by the kit: ``.venv/bin/python scripts/bench/child.py KIND
 PARAMS_JSON``. Which upstream tree is measured is decided by the parent through ``PYTHONPATH`` (a work tree of
 the base) or its absence (the editable install, the patched side); every result names the ``__file__`` of the
 module it imported so that the parent can check. KIND is one of:

@@ -3,7 +3,7 @@
 A side is one upstream's code under measurement: the base side imports it from a tree (a shared clone) at
 ``base/<version>`` (scripts/worktree.py, under ``<out>/worktrees/``) through ``PYTHONPATH``; the patched side is the
 editable install, i.e. the checkout ``upstream/<name>`` as it is (or ``--patched-from NAME=DIR``). Each measurement
-runs in a fresh process of the venv's Python (``scripts/bench_child.py``) through scripts/launch.py (timeout, stack
+runs in a fresh process of the venv's Python (``scripts/bench/child.py``) through scripts/launch.py (timeout, stack
 dumps, nothing left running), and every result is checked to come from the intended tree.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from scripts import KitError, launch, sources, worktree
 from scripts.git import git, rev
 
-CHILD = sources.KIT_ROOT / "scripts" / "bench_child.py"
-MARKER = "BENCH-RESULT "  # bench_child.MARKER
+CHILD = sources.KIT_ROOT / "scripts" / "bench" / "child.py"
+MARKER = "BENCH-RESULT "  # child.MARKER
 SIDES = ("base", "patched")
 
 
@@ -98,7 +98,7 @@ def check_module(side: Side, module: str, what: str) -> None:
 
 
 def run_child(args: argparse.Namespace, side: Side, kind: str, params: dict, log: Path) -> dict:
-    """Run ``bench_child.py KIND PARAMS`` for ``side``; return its result (module checked). Raises BenchError."""
+    """Run ``child.py KIND PARAMS`` for ``side``; return its result (module checked). Raises BenchError."""
     run = launch.run([str(args.python), str(CHILD), kind, json.dumps(params)], log, args.timeout,
                      cwd=sources.KIT_ROOT, env=child_env(side))
     what = f"{kind} ({side.upstream} {side.name}, {log.name})"
@@ -157,20 +157,3 @@ def ratio_cell(entry: dict) -> str:
     if entry["ratio"] is None:
         return "-"
     return f"{entry['ratio']:.3f} [{entry['ratio_min']:.2f}-{entry['ratio_max']:.2f}]"
-
-
-def verdict(row: dict) -> str:
-    """'met', or 'not met' with '(better than base)' when every miss is in the good direction, bold otherwise."""
-    if row["met"]:
-        return "met"
-    return "not met (better than base)" if row.get("better") else "**not met**"
-
-
-def band(ratios: list[float], goal: str, lower_is_better: bool = True) -> dict:
-    """A target row for ratios patched/base that should lie within 1.00 +- 0.05.
-
-    ``better`` is True when every ratio outside the band lies on the good side (below for times, above for rates).
-    """
-    outside = [r for r in ratios if abs(r - 1) > 0.05]
-    better = bool(outside) and all((r < 1) == lower_is_better for r in outside)
-    return {"goal": goal, "measured": ", ".join(f"{r:.3f}" for r in ratios), "met": not outside, "better": better}

@@ -23,10 +23,10 @@ import tempfile
 from pathlib import Path
 
 from scripts import launch, sources
-from scripts.bench_common import CHILD, BenchError, Side, check, check_module, child_env, cut_short, runs_cell
+from scripts.bench.common import CHILD, BenchError, Side, check, check_module, child_env, cut_short, runs_cell
 from scripts.git import git, rev
 
-REPRO_SAMPLES = 96  # bench_child.repro_accelerate
+REPRO_SAMPLES = 96  # child.repro_accelerate
 
 
 def children_cpu() -> float:
@@ -35,15 +35,15 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-# The DeepSpeed pull requests' reproductions: {PR key: bench_child kind}; each result holds what it measured besides
+# The DeepSpeed pull requests' reproductions: {PR key: child.py kind}; each result holds what it measured besides
 # "module" ("differing" batches, or how many micro-batches "late" the resume goes on).
 DEEPSPEED_REPROS = {"8787": "repro-deepspeed", "cluster-files": "repro-cluster-files",
                     "io-workers": "repro-io-workers"}
 
 
 def floor_deepspeed(args: argparse.Namespace, side: Side, index: int, kind: str) -> dict:
-    """A DeepSpeed part of F: the reproduction ``kind`` (bench_child) in a fresh process; {"seconds", "cpu_s", and
-    what it measured}."""
+    """A DeepSpeed part of F: the reproduction ``kind`` (scripts/bench/child.py) in a fresh process; {"seconds",
+    "cpu_s", and what it measured}."""
     cpu = children_cpu()
     run = launch.run([str(args.python), str(CHILD), kind, "{}"],
                      args.out / "logs" / f"floor-{kind}-{index}.log", args.timeout, cwd=sources.KIT_ROOT,
@@ -229,13 +229,6 @@ def bench_cold_apply(args: argparse.Namespace) -> dict:
     return {"runs": seconds, "seconds": statistics.median(seconds), "commit": commit}
 
 
-def targets(gate: dict | None) -> list[dict]:
-    """The goal of issue 12 for item 4: gate <= 3 F."""
-    if not gate:
-        return []
-    return [{"goal": "gate <= 3 F", "measured": f"{gate['gate_over_F']:.2f} F", "met": gate["gate_over_F"] <= 3}]
-
-
 def stages_table(stages: dict) -> list[str]:
     """A table of per-stage figures {stage: {label: s}} (wall time first); a stage without a label's figure (a stage
     of a stack in which only one upstream runs) shows "-" there."""
@@ -250,8 +243,8 @@ def stages_table(stages: dict) -> list[str]:
 
 
 def gate_markdown(g: dict) -> list[str]:
-    """The report's section of item 4."""
-    return ["## The gate against its floor F (item 4)", "",
+    """The report's section of the gate against its floor F."""
+    return ["## The gate against its floor F", "",
             "F = one bare reproduction per pull request of the series, on the base work trees: the DeepSpeed #8787 "
             "resume, the `cluster-files` restart and the `io-workers` resume (each in a fresh Python process), and "
             "one 2-process Accelerate #4204 reproduction (`torch.distributed.run --standalone --nproc_per_node=2`, 2 "
@@ -299,8 +292,8 @@ def profile_markdown(p: dict) -> list[str]:
 
 
 def cold_apply_markdown(c: dict) -> list[str]:
-    """The report's section of item 5."""
-    return ["## Cold `make apply` (item 5)", "",
+    """The report's section of the cold ``make apply``."""
+    return ["## Cold `make apply`", "",
             f"Fresh `git clone` of the kit at `{c['commit'][:12]}` (committed files only) in a temporary directory, "
             f"then `make apply` (pip's own cache as it is): {c['seconds']:.0f} s (runs: {runs_cell(c['runs'], 0)}).",
             ""]
