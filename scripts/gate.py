@@ -51,8 +51,19 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
-from scripts import (ArgumentParser, KitError, grading, launch, outdated, plural, runlock, series, sources, stack,
-                     worktree)
+from scripts import (
+    ArgumentParser,
+    KitError,
+    grading,
+    launch,
+    outdated,
+    plural,
+    runlock,
+    series,
+    sources,
+    stack,
+    worktree,
+)
 from scripts.checkout import BASE_ENV
 from scripts.git import git, rev
 
