@@ -15,6 +15,8 @@ module it imported so that the parent can check. KIND is one of:
   saved before a cluster reshuffle, ``docs/issues/cluster-files.md``);
 - ``repro-io-workers``: the minimal reproduction of the DeepSpeed follow-up "io-workers" (a resume with
   ``data_sampling.num_workers = 2``, ``docs/issues/io-workers.md``);
+- ``repro-consumed-samples``: the minimal reproduction of the DeepSpeed follow-up "consumed-samples" (the count after
+  a resume, ``docs/issues/consumed-samples.md``);
 - ``repro-accelerate``: one rank of the minimal Accelerate #4204 reproduction, started by
   ``torch.distributed.run --standalone --nproc_per_node=2``; PARAMS_JSON names the directory of the ranks' results.
 
@@ -341,6 +343,47 @@ def repro_io_workers(params: dict) -> dict:
     return {"module": data_sampler.__file__, "late": late}
 
 
+def repro_consumed_samples(params: dict) -> dict:
+    """The "consumed-samples" reproduction (docs/issues/consumed-samples.md): 40 samples, one epoch, micro-batches of
+    4; ``consumed_samples`` in the state after each micro-batch, uninterrupted and with a resume after micro-batch 5.
+
+    Returns {"module", "behind": how many samples the state after micro-batch 5 counts fewer than 5 micro-batches
+    hold (base: 4, fixed: 0), "extra": micro-batches the resumed run yields beyond the uninterrupted one}.
+    """
+    from deepspeed.runtime.data_pipeline.data_sampling import data_sampler
+    from deepspeed.runtime.data_pipeline.data_sampling.data_sampler import DeepSpeedDataSampler
+
+    stub_collectives()
+    metric = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
+              "max_difficulty": 2, "schedule_type": "fixed_discrete",
+              "schedule_config": {"difficulty": [1, 2], "max_step": [3]}}
+
+    def counts(sampler, limit=None):
+        seen = []
+        for _ in sampler:
+            seen.append(sampler.state_dict()["consumed_samples"])
+            if len(seen) == limit:
+                break
+        return seen
+
+    with tempfile.TemporaryDirectory(prefix="kit-bench-repro-") as tmp:
+
+        def sampler(run):
+            curriculum = {"enabled": True, "data_cluster_path": f"{tmp}/{run}",
+                          "curriculum_metrics": {"difficulty": metric}}
+            config = {"seed": 1234, "data_sampling": {"num_epochs": 1, "curriculum_learning": curriculum}}
+            return DeepSpeedDataSampler(config, 40, 4, 0, 1, FakeGroup(1), 2, 0)
+
+        uninterrupted = counts(sampler("uninterrupted"))
+        job = sampler("job")
+        before = counts(job, 5)
+        resumed = sampler("job")
+        resumed.load_state_dict(job.state_dict())
+        after = counts(resumed)
+    return {"module": data_sampler.__file__, "behind": 5 * 4 - before[-1],
+            "extra": len(before) + len(after) - len(uninterrupted)}
+
+
 def repro_accelerate(params: dict) -> None:
     """One rank of the minimal Accelerate #4204 reproduction; writes ``rank<N>.json`` into ``params["out"]``.
 
@@ -366,6 +409,7 @@ def repro_accelerate(params: dict) -> None:
 
 KINDS = {"accelerate": accelerate_loaders, "deepspeed": deepspeed_sampler, "repro-deepspeed": repro_deepspeed,
          "repro-cluster-files": repro_cluster_files, "repro-io-workers": repro_io_workers,
+         "repro-consumed-samples": repro_consumed_samples,
          "repro-accelerate": repro_accelerate}
 
 

@@ -2,9 +2,9 @@
 
 4. The gate (``python -m scripts.gate``, what ``make gate`` runs) against its floor F: the wall time of the bare
    reproductions of the bugs the series fix, one per pull request (issue 21), each in fresh processes on the base
-   work trees: the DeepSpeed #8787 resume, its two follow-ups (``cluster-files``, ``io-workers``; their bug reports in
-   docs/issues/), one Python process each, and one 2-process Accelerate launch (``torch.distributed.run --standalone
-   --nproc_per_node=2``); reported as gate / F,
+   work trees: the DeepSpeed #8787 resume, its follow-ups (``cluster-files``, ``io-workers``, ``consumed-samples``;
+   their bug reports in docs/issues/), one Python process each, and one 2-process Accelerate launch
+   (``torch.distributed.run --standalone --nproc_per_node=2``); reported as gate / F,
    with the gate's per-stage figures from its own report (wall time of each stage's pytest, and of it the seconds
    the JUnit XML gives the kit's tests and the upstream tests; the rest is interpreter start, imports, collection).
    ``--profile-gate`` adds the parts alone: interpreter start, the imports, the gate with its stages one after the
@@ -38,7 +38,7 @@ def children_cpu() -> float:
 # The DeepSpeed pull requests' reproductions: {PR key: child.py kind}; each result holds what it measured besides
 # "module" ("differing" batches, or how many micro-batches "late" the resume goes on).
 DEEPSPEED_REPROS = {"8787": "repro-deepspeed", "cluster-files": "repro-cluster-files",
-                    "io-workers": "repro-io-workers"}
+                    "io-workers": "repro-io-workers", "consumed-samples": "repro-consumed-samples"}
 
 
 def floor_deepspeed(args: argparse.Namespace, side: Side, index: int, kind: str) -> dict:
@@ -246,7 +246,8 @@ def gate_markdown(g: dict) -> list[str]:
     """The report's section of the gate against its floor F."""
     return ["## The gate against its floor F", "",
             "F = one bare reproduction per pull request of the series, on the base work trees: the DeepSpeed #8787 "
-            "resume, the `cluster-files` restart and the `io-workers` resume (each in a fresh Python process), and "
+            "resume, the `cluster-files` restart, the `io-workers` resume and the `consumed-samples` count (each in a "
+            "fresh Python process), and "
             "one 2-process Accelerate #4204 reproduction (`torch.distributed.run --standalone --nproc_per_node=2`, 2 "
             f"workers); the gate is `python -m scripts.gate` (as `make gate`: its stages side by side). "
             f"{len(g['runs'])} repetitions, alternating.", "",
@@ -263,8 +264,10 @@ def gate_markdown(g: dict) -> list[str]:
             f"differing after the #8787 resume {[r['deepspeed']['8787']['differing'] for r in g['runs']]} of 15, "
             f"after the cluster-files restart {[r['deepspeed']['cluster-files']['differing'] for r in g['runs']]} of "
             f"22; the io-workers resume goes on {[r['deepspeed']['io-workers']['late'] for r in g['runs']]} "
-            "micro-batches late (None: at no offset up to 7; on the base the #8787 bug shows in both follow-ups' "
-            "reproductions too); Accelerate samples missing "
+            "micro-batches late (None: at no offset up to 7; on the base the #8787 bug shows in the follow-ups' "
+            "reproductions too); the state after 5 micro-batches counts "
+            f"{[r['deepspeed']['consumed-samples']['behind'] for r in g['runs']]} samples too few; Accelerate samples "
+            "missing "
             f"in epoch 0 {[r['accelerate']['missing'] for r in g['runs']]} of {REPRO_SAMPLES}.", "",
             f"CPU time (user + system, all processes): gate {g['gate_cpu_s']:.1f} s, F {g['F_cpu_s']:.1f} s, "
             f"gate CPU / F CPU = {g['gate_cpu_over_F_cpu']:.2f}; on {os.cpu_count()} cores the gate needs at least "
