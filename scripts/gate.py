@@ -529,8 +529,8 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
             results = grading.read_junit(stage_dir / "junit.xml", renamer(mine, stage, root))
         done[stage] = {"launch": result, "results": results, "records": read_records(stage_dir / "imports")}
         outcomes = Counter(r.outcome for r in results.values())
-        print(f"gate {stage}: {stage_summary(stage_dir, outcomes)} in {result.seconds} s (log: "
-              f"{os.path.relpath(job.log)})", flush=True)
+        print(f"gate {stage}: {stage_summary(stage_dir, outcomes)} in {result.seconds} s, {result.cpu_s} s of CPU "
+              f"(log: {os.path.relpath(job.log)})", flush=True)
     return done
 
 
@@ -592,7 +592,7 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
         mine = {k: r for k, r in done[name]["results"].items() if k.startswith((kit_prefix, upstream_prefix))}
         results[name] = mine
         g.imports[name] = check_imports(up, name, done[name]["records"])
-        g.stages[name] |= {"wall_s": done[name]["launch"].seconds,
+        g.stages[name] |= {"wall_s": done[name]["launch"].seconds, "cpu_s": done[name]["launch"].cpu_s,
                            "kit_tests_s": seconds(r for k, r in mine.items() if k.startswith(kit_prefix)),
                            "upstream_tests_s": seconds(r for k, r in mine.items() if not k.startswith(kit_prefix)),
                            "log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}

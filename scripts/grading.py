@@ -470,10 +470,11 @@ def stages_markdown(doc: dict) -> list[str]:
             holds.setdefault(stage, []).append(f"{name}: {entry.get('holds', '')}")
     if not holds:
         return []
-    md = ["| stage | holds | wall (s) | log | JUnit |", "|---|---|---|---|---|"]
+    md = ["| stage | holds | wall (s) | CPU (s) | log | JUnit |", "|---|---|---|---|---|---|"]
     for stage, lines in holds.items():
         entry = next(u["stages"][stage] for u in doc["upstreams"].values() if stage in u["stages"])
-        md.append(f"| {stage} | {'; '.join(lines)} | {entry.get('wall_s', '-')} | [pytest.log]({stage}/pytest.log) "
+        md.append(f"| {stage} | {'; '.join(lines)} | {entry.get('wall_s', '-')} | {entry.get('cpu_s') or '-'} "
+                  f"| [pytest.log]({stage}/pytest.log) "
                   f"| [junit.xml]({stage}/junit.xml) |")
     return [*md, ""]
 

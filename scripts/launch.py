@@ -16,6 +16,7 @@ worker's stacks.
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import threading
@@ -195,12 +196,14 @@ def sigterm_as_interrupt():
 @dataclass
 class Launch:
     """A finished launch: exit status (None when it timed out), wall time in seconds, its log (stdout + stderr),
-    and how many of its processes wrote their stacks into the log before it was killed on timeout."""
+    how many of its processes wrote their stacks into the log before it was killed on timeout, and its CPU time in
+    seconds (user + system, of the launched process and of every descendant reaped below it; None when it timed out)."""
 
     returncode: int | None
     seconds: float
     log: Path
     stacks: int = 0
+    cpu_s: float | None = None
 
     @property
     def timed_out(self) -> bool:
@@ -244,6 +247,23 @@ def run(command: list[str], log: Path, timeout: float, cwd: Path | None = None, 
     return run_all([Job(command, log, timeout, cwd, env)], parallel=1)[0]
 
 
+def reap(proc: subprocess.Popen, timeout: float = 0.0) -> float | None:
+    """Wait up to ``timeout`` seconds for ``proc`` to end (through a pidfd, no polling); once it has, reap it with
+    ``os.wait4`` (setting ``proc.returncode``) and return its CPU seconds, user + system, its own and those of the
+    descendants it reaped; None while it runs."""
+    if timeout > 0:
+        fd = os.pidfd_open(proc.pid)
+        try:
+            select.select([fd], [], [], timeout)
+        finally:
+            os.close(fd)
+    pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    if pid == 0:
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return round(usage.ru_utime + usage.ru_stime, 2)
+
+
 def run_all(jobs: list[Job], parallel: int) -> list[Launch]:
     """Run ``jobs``, at most ``parallel`` at once, in list order; return their Launches in the same order.
 
@@ -270,23 +290,24 @@ def run_all(jobs: list[Job], parallel: int) -> list[Launch]:
                         out.close()
                         raise
                     running[index] = (proc, out)
+                wait = 0.0
                 if len(running) == 1 and not pending:  # one job left: wait for it without polling
-                    index, (proc, out) = next(iter(running.items()))
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        proc.wait(timeout=max(jobs[index].timeout - (time.monotonic() - jobs[index].started), 0))
+                    index = next(iter(running))
+                    wait = max(jobs[index].timeout - (time.monotonic() - jobs[index].started), 0)
                 else:
                     time.sleep(POLL)
                 for index, (proc, out) in list(running.items()):
                     job = jobs[index]
-                    returncode = proc.poll()
+                    cpu_s = reap(proc, wait)
                     seconds = time.monotonic() - job.started
-                    if returncode is None and seconds < job.timeout:
+                    if cpu_s is None and seconds < job.timeout:
                         continue
-                    stacks = dump_stacks(proc, out, job.log) if returncode is None else 0
+                    stacks = dump_stacks(proc, out, job.log) if cpu_s is None else 0
                     kill_tree(proc)
                     out.close()
                     del running[index]
-                    results[index] = Launch(returncode, round(seconds, 1), job.log, stacks)
+                    results[index] = Launch(proc.returncode if cpu_s is not None else None, round(seconds, 1), job.log,
+                                            stacks, cpu_s)
         finally:
             for proc, out in running.values():
                 kill_tree(proc)

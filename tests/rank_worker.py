@@ -8,6 +8,7 @@ import contextlib
 import gc
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import sys
@@ -76,3 +77,12 @@ def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             os._exit(ABORT_EXIT_CODE)
+    stop_forkserver()
+
+
+def stop_forkserver() -> None:
+    """Stop this rank's forkserver, if it started, and wait for it: it reaps the DataLoader workers it forked, so their
+    CPU time then counts in this rank's (``getrusage(RUSAGE_CHILDREN)`` of the processes above: the launcher's and the
+    bench's figures). Left to stop by itself after the rank exits, it would be an orphan and take that time with it.
+    ``_stop`` is CPython's own way to stop it (its tests use it)."""
+    multiprocessing.forkserver._forkserver._stop()

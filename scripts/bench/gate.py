@@ -86,7 +86,7 @@ def floor_accelerate(args: argparse.Namespace, side: Side, index: int) -> dict:
 def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
     """One ``python -m scripts.gate OPTIONS`` (report under ``<out>/gate``); {"seconds", "exit", "verdict", "stages"}.
 
-    ``stages`` is {stage: {"wall_s", "<upstream> kit_tests_s", "<upstream> upstream_tests_s"}} from the gate's own
+    ``stages`` is {stage: {"wall_s", "cpu_s", "<upstream> kit tests", "<upstream> upstream tests"}} from the gate's own
     report. A gate that fails its contract is recorded, not an error; a timeout or a missing report raises
     BenchError.
     """
@@ -106,7 +106,7 @@ def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
         record["verdict"] = report["verdict"]
         for name, up in report["upstreams"].items():
             for stage, entry in up["stages"].items():
-                figures = record["stages"].setdefault(stage, {"wall_s": entry["wall_s"]})
+                figures = record["stages"].setdefault(stage, {"wall_s": entry["wall_s"], "cpu_s": entry.get("cpu_s")})
                 figures[f"{name} kit tests"] = entry.get("kit_tests_s", 0.0)
                 figures[f"{name} upstream tests"] = entry.get("upstream_tests_s", 0.0)
     if record["verdict"] is None:
@@ -142,7 +142,7 @@ def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> d
     except KeyboardInterrupt:
         cut_short(args, "gate", {"gate": runs}, args.gate_repeat)
     med = statistics.median
-    stages = {stage: {label: med(r["gate"]["stages"].get(stage, {}).get(label, 0.0) for r in runs)
+    stages = {stage: {label: med(r["gate"]["stages"].get(stage, {}).get(label) or 0.0 for r in runs)
                       for label in figures} for stage, figures in runs[0]["gate"]["stages"].items()}
     return {"runs": runs, "gate_s": med(r["gate"]["seconds"] for r in runs), "F_s": med(r["F_s"] for r in runs),
             "deepspeed_repro_s": {key: med(r["deepspeed"][key]["seconds"] for r in runs)
@@ -232,13 +232,15 @@ def bench_cold_apply(args: argparse.Namespace) -> dict:
 def stages_table(stages: dict) -> list[str]:
     """A table of per-stage figures {stage: {label: s}} (wall time first); a stage without a label's figure (a stage
     of a stack in which only one upstream runs) shows "-" there."""
-    labels = list(dict.fromkeys(label for figures in stages.values() for label in figures if label != "wall_s"))
-    md = ["| stage | pytest wall s | " + " | ".join(f"{label} s" for label in labels) +
-          " | start, imports, collection s |", "|---" * (len(labels) + 3) + "|"]
+    labels = list(dict.fromkeys(label for figures in stages.values() for label in figures
+                                if label not in ("wall_s", "cpu_s")))
+    md = ["| stage | pytest wall s | pytest CPU s | " + " | ".join(f"{label} s" for label in labels) +
+          " | start, imports, collection s |", "|---" * (len(labels) + 4) + "|"]
     for stage, figures in stages.items():
         rest = figures["wall_s"] - sum(figures.get(label, 0.0) for label in labels)
         cells = [f"{figures[label]:.1f}" if label in figures else "-" for label in labels]
-        md.append(f"| {stage} | {figures['wall_s']:.1f} | " + " | ".join(cells) + f" | {rest:.1f} |")
+        cpu = f"{figures['cpu_s']:.1f}" if figures.get("cpu_s") is not None else "-"
+        md.append(f"| {stage} | {figures['wall_s']:.1f} | {cpu} | " + " | ".join(cells) + f" | {rest:.1f} |")
     return md
 
 
