@@ -197,7 +197,7 @@ def sigterm_as_interrupt():
 class Launch:
     """A finished launch: exit status (None when it timed out), wall time in seconds, its log (stdout + stderr),
     how many of its processes wrote their stacks into the log before it was killed on timeout, and its CPU time in
-    seconds (user + system, of the launched process and of every descendant reaped below it; None when it timed out)."""
+    seconds (user + system, of the launched process and of every descendant reaped below it; None if it timed out)."""
 
     returncode: int | None
     seconds: float
