@@ -8,6 +8,8 @@ command line, ``scripts.upstream.main``, against it.
 
 import hashlib
 import io
+import os
+import re
 import shutil
 import tarfile
 from dataclasses import dataclass
@@ -16,6 +18,17 @@ from pathlib import Path
 import pytest
 
 from scripts import upstream
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The kit's tests run ``make`` as a person types it: not as a sub-make of the ``make test JOBS=3`` that runs them,
+    whose command-line variables GNU make passes down in ``MAKEFLAGS`` and in the environment (the sub-make then warned
+    that ``make gaet`` does not read ``JOBS``, and ``make help`` showed the outer ``PYTEST_ARGS``)."""
+    overrides = os.environ.get("MAKEFLAGS", "").partition(" -- ")[2]
+    for name in re.findall(r"(?:^|(?<=\s))([A-Za-z_]\w*)=", overrides):
+        os.environ.pop(name, None)
+    for name in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):
+        os.environ.pop(name, None)
+
 
 TINY_FILES = {
     "pyproject.toml": '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n\n'
