@@ -19,6 +19,7 @@ import pytest
 
 from scripts import upstream
 
+
 def pytest_configure(config: pytest.Config) -> None:
     """The kit's tests run ``make`` as a person types it: not as a sub-make of the ``make test JOBS=3`` that runs them,
     whose command-line variables GNU make passes down in ``MAKEFLAGS`` and in the environment (the sub-make then warned
