@@ -229,6 +229,21 @@ def deepspeed_sampler(params: dict) -> dict:
     return {"module": data_sampler.__file__, "versions": versions, "by_scenario": results}
 
 
+# The one difficulty cluster of the follow-ups' reproductions (docs/issues/): difficulties 1 and 2, every sample
+# from curriculum step 3 on.
+REPRO_METRIC = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
+                "max_difficulty": 2, "schedule_type": "fixed_discrete",
+                "schedule_config": {"difficulty": [1, 2], "max_step": [3]}}
+
+
+def repro_config(tmp: str, run: str, num_epochs: int) -> dict:
+    """The data efficiency config of the follow-ups' reproductions: seed 1234, ``num_epochs``, REPRO_METRIC, the
+    cluster files under ``tmp/run``."""
+    curriculum = {"enabled": True, "data_cluster_path": f"{tmp}/{run}",
+                  "curriculum_metrics": {"difficulty": REPRO_METRIC}}
+    return {"seed": 1234, "data_sampling": {"num_epochs": num_epochs, "curriculum_learning": curriculum}}
+
+
 def repro_deepspeed(params: dict) -> dict:
     """Minimal DeepSpeed #8787 reproduction: 30 micro-batches uninterrupted vs 15 + ``state_dict`` + a new sampler.
 
@@ -263,9 +278,6 @@ def repro_cluster_files(params: dict) -> dict:
     from deepspeed.runtime.data_pipeline.data_sampling.data_sampler import DeepSpeedDataSampler
 
     stub_collectives()
-    metric = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
-              "max_difficulty": 2, "schedule_type": "fixed_discrete",
-              "schedule_config": {"difficulty": [1, 2], "max_step": [3]}}
 
     def take(sampler, count):
         batches = iter(sampler)
@@ -274,10 +286,7 @@ def repro_cluster_files(params: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="kit-bench-repro-") as tmp:
 
         def sampler(run):
-            curriculum = {"enabled": True, "data_cluster_path": f"{tmp}/{run}",
-                          "curriculum_metrics": {"difficulty": metric}}
-            config = {"seed": 1234, "data_sampling": {"num_epochs": 100, "curriculum_learning": curriculum}}
-            return DeepSpeedDataSampler(config, 40, 4, 0, 1, FakeGroup(1), 1, 0)
+            return DeepSpeedDataSampler(repro_config(tmp, run, 100), 40, 4, 0, 1, FakeGroup(1), 1, 0)
 
         uninterrupted = take(sampler("uninterrupted"), 30)
         job = sampler("job")
@@ -309,9 +318,6 @@ def repro_io_workers(params: dict) -> dict:
     from deepspeed.runtime.dataloader import DeepSpeedDataLoader
 
     stub_collectives()
-    metric = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
-              "max_difficulty": 2, "schedule_type": "fixed_discrete",
-              "schedule_config": {"difficulty": [1, 2], "max_step": [3]}}
     dataset = [torch.tensor([float(i)]) for i in range(48)]
 
     def take(loader, count):
@@ -323,11 +329,8 @@ def repro_io_workers(params: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="kit-bench-repro-") as tmp:
 
         def loader(run):
-            curriculum = {"enabled": True, "data_cluster_path": f"{tmp}/{run}",
-                          "curriculum_metrics": {"difficulty": metric}}
             config = {CURRICULUM_LEARNING: True, DATA_PARALLEL_GROUP: FakeGroup(1), GRADIENT_ACCUMULATION_STEPS: 2,
-                      GLOBAL_RANK: 0, DATA_SAMPLING_NUM_WORKERS: 2, DATA_EFFICIENCY: {
-                          "seed": 1234, "data_sampling": {"num_epochs": 100, "curriculum_learning": curriculum}}}
+                      GLOBAL_RANK: 0, DATA_SAMPLING_NUM_WORKERS: 2, DATA_EFFICIENCY: repro_config(tmp, run, 100)}
             return DeepSpeedDataLoader(dataset, batch_size=2, pin_memory=False, local_rank=0, tput_timer=None,
                                        data_parallel_world_size=1, data_parallel_rank=0,
                                        deepspeed_dataloader_config=config)
@@ -354,9 +357,6 @@ def repro_consumed_samples(params: dict) -> dict:
     from deepspeed.runtime.data_pipeline.data_sampling.data_sampler import DeepSpeedDataSampler
 
     stub_collectives()
-    metric = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1,
-              "max_difficulty": 2, "schedule_type": "fixed_discrete",
-              "schedule_config": {"difficulty": [1, 2], "max_step": [3]}}
 
     def counts(sampler, limit=None):
         seen = []
@@ -369,10 +369,7 @@ def repro_consumed_samples(params: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="kit-bench-repro-") as tmp:
 
         def sampler(run):
-            curriculum = {"enabled": True, "data_cluster_path": f"{tmp}/{run}",
-                          "curriculum_metrics": {"difficulty": metric}}
-            config = {"seed": 1234, "data_sampling": {"num_epochs": 1, "curriculum_learning": curriculum}}
-            return DeepSpeedDataSampler(config, 40, 4, 0, 1, FakeGroup(1), 2, 0)
+            return DeepSpeedDataSampler(repro_config(tmp, run, 1), 40, 4, 0, 1, FakeGroup(1), 2, 0)
 
         uninterrupted = counts(sampler("uninterrupted"))
         job = sampler("job")
