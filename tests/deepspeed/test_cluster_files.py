@@ -171,6 +171,31 @@ def test_a_restore_to_the_release_and_back_never_reads_other_samples_silently(tm
     assert not wrong, f"after 0.19.8 ran, the checkpoints saved after batches {wrong} resume with other batches"
 
 
+@pytest.mark.regression("deepspeed", "cluster-files")
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_an_upgrade_from_the_release_keeps_its_checkpoints_checked(tmp_path, scenario):
+    """The job began on 0.19.8 and was upgraded to the series from a checkpoint of 0.19.8 (which holds no checksums),
+    saved a checkpoint of the series, and was then restored to 0.19.8 from it, whose reshuffles rewrite the cluster
+    files; back on the series, that checkpoint resumes as the series went on from it, or is refused at load."""
+    metric, release_class = SCENARIOS[scenario], pristine_sampler_class(tmp_path)
+    release = make_sampler(tmp_path, "run", metric, sampler_class=release_class)
+    take(release, 5)
+    upgraded = make_sampler(tmp_path, "run", metric)
+    upgraded.load_state_dict(through_checkpoint(release.state_dict()))
+    take(upgraded, ONE_EPOCH // 4)
+    checkpoint = through_checkpoint(upgraded.state_dict(), weights_only=True)
+    expected = take(upgraded, NUM_BATCHES)
+    restored = make_sampler(tmp_path, "run", metric, sampler_class=release_class)
+    restored.load_state_dict(copy.deepcopy(checkpoint))
+    take(restored, 2 * ONE_EPOCH // 4)  # two passes: at least one reshuffle of every cluster then built
+    outcome = restart_or_refusal(tmp_path, metric, checkpoint, NUM_BATCHES)
+    if isinstance(outcome, str):
+        assert_names_a_cluster_file_and_what_to_do(outcome, tmp_path / "run")
+    else:
+        index = first_divergence(expected, outcome)
+        assert index is None, f"after 0.19.8 ran, the checkpoint resumes with other batches from batch {index}"
+
+
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_cluster_files_do_not_grow_with_the_run(tmp_path, scenario):
     """The files under ``data_cluster_path`` after two passes (every cluster built) and after ten: the same names and

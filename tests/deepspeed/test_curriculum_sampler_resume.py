@@ -260,17 +260,23 @@ def test_state_dict_is_a_snapshot(tmp_path, scenario):
 
 def other_bit_generator_state(state, key):
     """``state`` with the state of an MT19937 generator (not the sampler's PCG64) under ``key``; under the old key
-    in a state of the old keys only (the open PRs' shape)."""
+    in a state of the old keys only (the open PRs' shape). ``key="global-pcg64"``: a state of the old keys whose
+    ``"np_rng_state"`` is what 0.19.8 saves there when numpy's global RNG runs on PCG64
+    (``np.random.set_bit_generator``): the global RandomState's dict, of the sampler's bit generator type."""
     other = dict(state) if key == "np_rng_bit_generator_state" else {name: state[name] for name in OLD_FORMAT_KEYS}
-    other[key] = np.random.Generator(np.random.MT19937(7)).bit_generator.state
+    if key == "global-pcg64":
+        other["np_rng_state"] = np.random.RandomState(np.random.PCG64(7)).get_state()
+    else:
+        other[key] = np.random.Generator(np.random.MT19937(7)).bit_generator.state
     return other
 
 
 @pytest.mark.regression("deepspeed", 8787)
-@pytest.mark.parametrize("key", ["np_rng_bit_generator_state", "np_rng_state"])
+@pytest.mark.parametrize("key", ["np_rng_bit_generator_state", "np_rng_state", "global-pcg64"])
 def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
-    """A state of another bit generator takes the legacy state's path: it loads, the sampler's stream restarts from
-    the seed, global rank 0 logs one warning, numpy's global RNG is left alone."""
+    """A state of another bit generator, or numpy's global RandomState of the sampler's bit generator type, takes the
+    legacy state's path: it loads, the sampler's stream restarts from the seed, global rank 0 logs one warning, numpy's
+    global RNG is left alone."""
     sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
     take(sampler, 5)
     state = through_checkpoint(other_bit_generator_state(sampler.state_dict(), key))
@@ -289,6 +295,23 @@ def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
         "after a state of another bit generator the sampler's generator does not start from the seed"
     )
     assert len(messages) == 1, f"expected one warning from load_state_dict(), got {messages}"
+
+
+@pytest.fixture
+def global_numpy_rng_on_pcg64():
+    """numpy's global RandomState on PCG64 (``np.random.set_bit_generator``, numpy 1.25+), as some training scripts
+    set it; its state is then a dict, not 0.19.8's tuple. Put back on the bit generator it had afterwards."""
+    default = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(21))
+    yield
+    np.random.set_bit_generator(default)
+
+
+@pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_resume_parity_with_global_numpy_rng_on_another_bit_generator(tmp_path, scenario, global_numpy_rng_on_pcg64):
+    """With numpy's global RNG on PCG64, ``state_dict()`` works, holds only Python built-ins and resumes exactly."""
+    assert_resume_parity(tmp_path, resume_points=(0, 5, 13), metric=SCENARIOS[scenario], weights_only=True)
 
 
 def builtins_only(value):
