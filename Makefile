@@ -75,6 +75,7 @@ KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GA
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
 ABOUT_TOOLS := the venv of the upstreams' style tools
+READ_BY_TOOLS := tools test lint
 ABOUT_TORCH := the torch requirement (e.g. a +cpu build)
 READ_BY_TORCH := venv apply matrix lock outdated
 ABOUT_PIP_OPTS := extra options of every pip install and download (an index URL, say)
@@ -242,7 +243,7 @@ bench: ## base vs patched side by side (prepare(), epoch, sampler; BENCH_ARGS=--
 	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) $(VERSIONS) \
 	  $(BENCH_ARGS)
 
-LINT = $(PYTHON) -m scripts.lint $(VERSIONS)
+LINT = $(PYTHON) -m scripts.lint $(VERSIONS) --tools $(TOOLS)
 
 # Checked before .tools is built: the checkouts carry exactly the series.
 lint-ready: check-python

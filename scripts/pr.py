@@ -45,10 +45,11 @@ from scripts.matrix import version_key
 URL = re.compile(r"^(https?://|ssh://|git@)[^\s]+$")
 
 
-def kit_url(environ: dict, root: Path = sources.KIT_ROOT) -> str:
+def kit_url(environ: dict, root: Path = sources.KIT_ROOT, draft: bool = False) -> str:
     """The kit's public URL: ``KIT_URL``, else ``git remote get-url origin`` (``git@host:a/b.git`` as https).
 
-    Raises KitError when neither gives a URL (a local path, no remote), naming the one that was tried.
+    Raises KitError when neither gives a URL (a local path, no remote), naming the one that was tried and the command
+    to run (with ``DRAFT=1`` for a ``draft``).
     """
     given = environ.get("KIT_URL", "").strip()
     origin = git(root, "remote", "get-url", "origin", check=False).stdout.strip() if (root / ".git").exists() else ""
@@ -59,7 +60,7 @@ def kit_url(environ: dict, root: Path = sources.KIT_ROOT) -> str:
         what = (f"KIT_URL={given} is not" if given else
                 f"KIT_URL is unset and origin is {origin or 'not set'}, not")
         raise KitError(f"the PR bodies link the kit for their reviewers, but {what} a public URL: run "
-                       f"`make pr KIT_URL=https://github.com/<you>/<kit>`")
+                       f"`make pr {'DRAFT=1 ' if draft else ''}KIT_URL=https://github.com/<you>/<kit>`")
     return url
 
 
@@ -294,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def work() -> int:
         try:
-            url = kit_url(os.environ, args.root)
+            url = kit_url(os.environ, args.root, args.draft)
             made = bodies(args.docs, args.report, args.checkouts, args.patches, args.sources, url, args.matrix,
                           args.outdated)
         except KitError as e:

@@ -53,9 +53,12 @@ class Progress:
         return min(self.running.items(), key=lambda item: item[1], default=None)
 
     def line(self) -> str:
-        """``progress: D/T tests done, F failed, E s``, and the test running for ``every`` s or more, if any."""
+        """``progress: D/T tests done, F failed, E s``, and the test running for ``every`` s or more, if any;
+        ``progress: collecting the tests, E s`` before any is collected or done."""
         total = f"/{self.total}" if self.total else ""
         elapsed = time.monotonic() - self.started
+        if not self.total and not self.done:
+            return f"progress: collecting the tests, {elapsed:.0f} s"
         line = f"progress: {self.done}{total} tests done, {self.failed} failed, {elapsed:.0f} s"
         running = self.longest_running()
         if running and time.time() - running[1] >= self.every:

@@ -55,7 +55,8 @@ def pin(name: str, version: str | None = None, path: Path = SOURCES_FILE) -> Pin
     release = table.get("releases", {}).get(version)
     if release is None:
         known = ", ".join(sorted(table.get("releases", {})))
-        raise KitError(f"{name} {version} is not pinned in {path} (pinned: {known}): add its sdist and sha256 there")
+        raise KitError(f"{name} {version} is not pinned in {path} (pinned: {known}): pin it with "
+                       f"`make pin {name.upper()}_VERSION={version}`")
     return Pin(
         name=name,
         package=table.get("package", name),

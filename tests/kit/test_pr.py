@@ -131,6 +131,15 @@ def test_no_usable_url_is_refused_before_anything_is_written(pr_kit, monkeypatch
     assert not (pr_kit.root / "out").exists()
 
 
+def test_a_draft_without_url_is_told_the_draft_command(pr_kit, monkeypatch, capsys):
+    """A newcomer's `make pr DRAFT=1` in a local clone was told `make pr KIT_URL=...`, which then refused the
+    placeholders: the command it names keeps DRAFT=1."""
+    git(pr_kit.root, "init", "--quiet")
+    git(pr_kit.root, "remote", "add", "origin", "/work/main")
+    assert run_pr(pr_kit, monkeypatch, None, "--draft") == 1
+    assert "`make pr DRAFT=1 KIT_URL=" in capsys.readouterr().err
+
+
 
 def matrix_report(series_id: str) -> dict:
     rows = [{"upstream": "tiny", "release": release, "dependency": dep, "meets": True}

@@ -118,3 +118,17 @@ def test_a_stage_of_a_stack_is_named_with_its_role_and_what_it_has_been_running(
     (tmp_path / "stage-1" / "junit.xml").write_text("<testsuites/>")  # a stage whose pytest ended
     assert gate.stage_progress(job, role, str) == (
         f"stage-1 ({role}): finished: 61 tests, 13 failed (1 failure NOT expected: see the log)")
+
+
+def test_a_session_still_collecting_says_so():
+    """A newcomer's `make test` printed `progress: 0 tests done, 0 failed, 30 s` for its first 33 s (the xdist
+    workers were importing torch); it says that it is collecting."""
+    from types import SimpleNamespace
+
+    from scripts.pytest_progress import Progress
+
+    options = {"progress_file": None, "progress_every": 30, "progress_expect": None}
+    progress = Progress(SimpleNamespace(getoption=options.get))
+    assert re.fullmatch(r"progress: collecting the tests, \d+ s", progress.line()), progress.line()
+    progress.total = 3
+    assert re.fullmatch(r"progress: 0/3 tests done, 0 failed, \d+ s", progress.line()), progress.line()

@@ -1,8 +1,11 @@
-"""The git source (``--source git``, for maintainers with network) and re-signing on export.
+"""The git source (``--source git``, for maintainers with network), re-signing on export, and a release not pinned.
 
 The git source is tested against a local repository URL, never the network.
 """
 
+import pytest
+
+from scripts import KitError, sources
 from scripts.git import git, rev
 from tests.kit.conftest import TINY_FILES
 from tests.kit.test_series import commit_fix
@@ -56,3 +59,9 @@ def test_export_resign_makes_the_user_author_and_sole_signer(kit):
     assert "Fixes #1" in patch
     assert git(kit.repo, "rev-parse", "HEAD^{tree}").stdout == before_tree
     assert kit.run("apply")[0] == 0 and "already applied" in kit.out
+
+
+def test_a_release_not_pinned_is_told_how_to_pin_it():
+    """`make apply DEEPSPEED_VERSION=0.19.99` told a newcomer to edit sources.toml by hand; `make pin` does it."""
+    with pytest.raises(KitError, match=r"deepspeed 0\.19\.99 is not pinned .*`make pin DEEPSPEED_VERSION=0\.19\.99`"):
+        sources.pin("deepspeed", "0.19.99")
