@@ -229,6 +229,94 @@ def test_release_loads_a_checkpoint_of_the_series_in_place_as_its_own(pristine, 
     )
 
 
+class CountingIterator:
+    """Yields ``item(0)`` ... ``item(count - 1)``; stateful: its state is how many items it yielded."""
+
+    def __init__(self, count, item=int):
+        self.count, self.item, self.yielded = count, item, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.yielded == self.count:
+            raise StopIteration
+        self.yielded += 1
+        return self.item(self.yielded - 1)
+
+    def state_dict(self):
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state):
+        self.yielded = state["yielded"]
+
+
+class IterableOfItsOwnIterators(torch.utils.data.IterableDataset):
+    """The sample ids from a ``CountingIterator``: the dataset is not its own iterator, the iterator has a state."""
+
+    def __iter__(self):
+        return CountingIterator(NUM_SAMPLES)
+
+
+class BatchSamplerOfItsOwnIterators(torch.utils.data.BatchSampler):
+    """Batches of the sample ids, each reversed, from a ``CountingIterator``."""
+
+    def __init__(self):
+        self.batch_size, self.drop_last = BATCH_SIZE, False
+
+    def __iter__(self):
+        return CountingIterator(len(self), lambda i: list(range((i + 1) * BATCH_SIZE - 1, i * BATCH_SIZE - 1, -1)))
+
+    def __len__(self):
+        return NUM_SAMPLES // BATCH_SIZE
+
+
+def loader_of_own_iterators(module, kind, num_workers):
+    """A stateful ``DataLoaderShard`` of ``module`` (one process) whose dataset's or batch sampler's iterator is an
+    object of its own with a state: torchdata's state holds that iterator's, which a new loader cannot know before it
+    builds one."""
+    if kind == "dataset":
+        dataset, kwargs = IterableOfItsOwnIterators(), {"batch_size": BATCH_SIZE}
+    else:
+        dataset, kwargs = list(range(NUM_SAMPLES)), {"batch_sampler": BatchSamplerOfItsOwnIterators()}
+    return module.DataLoaderShard(dataset, num_workers=num_workers, use_stateful_dataloader=True, **kwargs)
+
+
+def stop(loader):
+    """Ends ``loader``'s epoch (left early) and stops its workers, if any."""
+    loader.end()
+    iterator = loader.base_dataloader._iterator
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("kind", ["dataset", "batch-sampler"])
+@pytest.mark.parametrize("num_workers", [pytest.param(0, id="nw0"), pytest.param(2, id="nw2")])
+def test_checkpoint_with_iterators_of_their_own_loads_in_place_as_the_release_s(pristine, tmp_path, num_workers, kind):
+    """A ``torch.distributed.checkpoint`` saved after 3 batches, loaded in place into a new loader whose dataset's or
+    batch sampler's iterator has a state of its own, resumes the rest of the epoch in the series as in the release (a
+    review found the series' state before the first batch lacking that iterator's keys: the load raised, or lost the
+    iterator's position)."""
+    results = {}
+    for label, module in (("release", pristine), ("series", data_loader_module)):
+        uninterrupted = ids(loader_of_own_iterators(module, kind, num_workers))
+        loader = loader_of_own_iterators(module, kind, num_workers)
+        for step, _ in enumerate(loader):
+            if step == 2:
+                dcp.save({"dataloader": loader}, checkpoint_id=tmp_path / label)
+                break
+        stop(loader)
+        resumed = loader_of_own_iterators(module, kind, num_workers)
+        try:
+            dcp.load({"dataloader": resumed}, checkpoint_id=tmp_path / label)
+            results[label] = ids(resumed)
+        except Exception as error:  # what the load raised, as the result to compare
+            results[label] = f"{type(error).__name__}: {str(error).splitlines()[-1]}"
+        assert results["release"] == uninterrupted[3 * BATCH_SIZE :], f"the release resumed with {results['release']}"
+    assert results["series"] == results["release"], f"the series resumes with {results['series']}"
+
+
 @pytest.mark.parametrize("method", ["state_dict", "load_state_dict"])
 def test_plain_dataloader_state_methods_as_in_the_release(pristine, method):
     """Without ``use_stateful_dataloader`` the dataloader has no state: ``state_dict()`` and ``load_state_dict()``
