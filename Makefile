@@ -243,7 +243,7 @@ bench: ## base vs patched side by side (prepare(), epoch, sampler; BENCH_ARGS=--
 	@$(call SAY,measuring (each process's log in build/bench/logs/)) $(PY) -m scripts.bench --python $(PY) $(VERSIONS) \
 	  $(BENCH_ARGS)
 
-LINT = $(PYTHON) -m scripts.lint $(VERSIONS) --tools $(TOOLS)
+LINT = $(PYTHON) -m scripts.lint $(VERSIONS) --tools $(abspath $(TOOLS))
 
 # Checked before .tools is built: the checkouts carry exactly the series.
 lint-ready: check-python

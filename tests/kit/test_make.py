@@ -42,3 +42,11 @@ def test_every_pip_install_of_make_apply_says_what_it_does_every_period():
     assert any("scripts.upstream install" in line for line in installs), lines
     assert any("scripts.upstream apply" in line for line in installs), lines  # downloads the sdists (47 s silent)
     assert installs and all("--say" in line for line in installs), installs
+
+
+def test_lint_is_given_its_tools_by_an_absolute_path():
+    """scripts.lint runs the style tools inside each checkout: a relative TOOLS (the default `.tools`) would not be
+    found there (`make lint` failed with FileNotFoundError: '.tools/bin/yapf' when the Makefile passed it as given)."""
+    printed = make("-n", "lint").stdout.splitlines()
+    lines = [line for line in printed if "scripts.lint" in line and "--ready" not in line]
+    assert lines and all(f"--tools {KIT_ROOT / '.tools'}" in line for line in lines), lines
