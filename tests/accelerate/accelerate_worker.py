@@ -137,35 +137,6 @@ def resume(accelerator, rank, num_workers, dispatch_batches=False, stop_after=3,
     return {"uninterrupted": uninterrupted, "before": sample_ids(before), "after": sample_ids(resumed)}
 
 
-def resume_with_stateful_sampler(accelerator, rank, epoch, stop_after=1):
-    """A ``DataLoaderDispatcher`` with ``split_batches=True`` and no workers over torchdata's ``BatchSampler`` of its
-    ``RandomSampler`` (a seeded generator): after ``epoch`` whole epochs and ``stop_after`` batches, ``state_dict()``,
-    the rest of the epoch, then a new loader that loads the state and yields its rest. The dispatcher subtracts the
-    processes' look-ahead from the state's batch counts (``adjust_state_dict_for_prefetch``), so after one batch they
-    are 0; the state of the sampler's iterator still says where the epoch is."""
-    from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
-    from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
-
-    def prepared():
-        accelerator.dataloader_config = DataLoaderConfiguration(
-            use_stateful_dataloader=True, dispatch_batches=True, split_batches=True
-        )
-        dataset = list(range(NUM_SAMPLES))
-        sampler = StatefulRandomSampler(dataset, generator=torch.Generator().manual_seed(1))
-        return accelerator.prepare(DataLoader(dataset, batch_sampler=StatefulBatchSampler(sampler, BATCH_SIZE, False)))
-
-    loader = prepared()
-    for _ in range(epoch):
-        sample_ids(loader)
-    iterator = iter(loader)
-    before = [next(iterator) for _ in range(stop_after)]
-    state = loader.state_dict()
-    rest = sample_ids(iterator)
-    resumed = prepared()
-    resumed.load_state_dict(state)
-    return {"before": sample_ids(before), "rest": rest, "after": sample_ids(resumed)}
-
-
 def early_state_dict(accelerator, rank, num_workers, state_dict_first, user_generator=False, epochs=1, **kwargs):
     """Generators before and after an early ``state_dict()`` (or none), and this rank's sample ids per epoch.
 
@@ -471,8 +442,6 @@ for _nw in (0, 2):
 # Not resume-dispatch-nw2: with workers, a DataLoaderDispatcher resumed mid-epoch skips one batch too many, on the
 # base as with the fix (DataLoaderAdapter.adjust_state_dict_for_prefetch only knows the single-process state layout).
 SCENARIOS["resume-dispatch-nw0"] = (resume, (0,), {"dispatch_batches": True})
-for _epoch in (0, 1):
-    SCENARIOS[f"resume-dispatch-split-stateful-sampler-epoch{_epoch}"] = (resume_with_stateful_sampler, (_epoch,), {})
 # An early state_dict() must change no random state, with both adapters, num_workers 0, 2 and 6, persistent workers,
 # and each source of the order: the generator prepare() attaches to the sampler, a user's DataLoader(generator=), and
 # the SeedableRandomSampler (use_seedable_sampler=True).

@@ -197,19 +197,6 @@ def test_mid_epoch_resume(launch_dir, scenario):
         )
 
 
-@pytest.mark.parametrize("epoch", [0, 1])
-def test_dispatcher_resume_after_the_first_batch_keeps_the_sampler_state(launch_dir, epoch):
-    """A ``DataLoaderDispatcher`` state saved one batch into an epoch, whose batch counts the dispatcher's look-ahead
-    adjustment brought to 0, resumes the rest of that epoch from the state of torchdata's sampler iterator, as in the
-    release: it is not taken for the state of an epoch not started (a review found the series starting the epoch
-    afresh there, replaying epoch 0's order)."""
-    for result in ranks(launch_dir, f"resume-dispatch-split-stateful-sampler-epoch{epoch}"):
-        assert result["after"] == result["rest"], (
-            f"rank {result['rank']}: after {result['before']} the saving run went on with {result['rest']}, the "
-            f"resumed loader yields {result['after']}"
-        )
-
-
 @pytest.mark.parametrize("config", sorted(EARLY_CONFIGS))
 def test_early_state_dict_changes_no_generator(launch_dir, config):
     """Guard: ``loader.state_dict()`` before the first batch leaves the loader's random generators as they were.

@@ -317,6 +317,51 @@ def test_checkpoint_with_iterators_of_their_own_loads_in_place_as_the_release_s(
     assert results["series"] == results["release"], f"the series resumes with {results['series']}"
 
 
+def loader_of_torchdata_samplers(module):
+    """A stateful ``DataLoaderShard`` of ``module`` (one process) over torchdata's ``BatchSampler`` of its
+    ``RandomSampler`` with a seeded generator: the state counts where the epoch is in the batch sampler (torchdata
+    before 0.11) or in its iterator (0.11)."""
+    from torchdata.stateful_dataloader.sampler import BatchSampler as StatefulBatchSampler
+    from torchdata.stateful_dataloader.sampler import RandomSampler as StatefulRandomSampler
+
+    dataset = list(range(NUM_SAMPLES))
+    sampler = StatefulRandomSampler(dataset, generator=torch.Generator().manual_seed(SEED))
+    batch_sampler = StatefulBatchSampler(sampler, BATCH_SIZE, False)
+    return module.DataLoaderShard(dataset, batch_sampler=batch_sampler, use_stateful_dataloader=True)
+
+
+def as_the_dispatcher_adjusts_it(state):
+    """``state`` with the look-ahead of two processes subtracted as ``DataLoaderDispatcher``'s
+    ``adjust_state_dict_for_prefetch`` subtracts it (one batch from the batch counts and from the batch sampler's
+    count): after the first batch of an epoch they are 0, while the sampler's iterator still counts what it yielded."""
+    state["_num_yielded"] -= 1
+    state["_sampler_iter_yielded"] -= 1
+    if state["_index_sampler_state"] is not None:
+        state["_index_sampler_state"]["samples_yielded"] -= BATCH_SIZE
+    return state
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+def test_a_state_whose_counts_the_dispatcher_adjusted_resumes_as_in_the_release(pristine, epoch):
+    """A state saved one batch into ``epoch`` whose batch counts the dispatcher's adjustment brought to 0 resumes the
+    rest of that epoch in the series as in the release (a review found the series taking it for the state of an
+    epoch not started: it replayed the epoch, in epoch 1 epoch 0's order)."""
+    results = {}
+    for label, module in (("release", pristine), ("series", data_loader_module)):
+        loader = loader_of_torchdata_samplers(module)
+        for _ in range(epoch):
+            ids(loader)
+        batches = iter(loader)
+        next(batches)
+        state = as_the_dispatcher_adjusts_it(through_checkpoint(loader.state_dict()))
+        rest = ids(batches)
+        resumed = loader_of_torchdata_samplers(module)
+        resumed.load_state_dict(state)
+        results[label] = ids(resumed)
+        assert results["release"] == rest, f"the release resumed with {results['release']}, the epoch had {rest} left"
+    assert results["series"] == results["release"], f"the series resumes with {results['series']}"
+
+
 @pytest.mark.parametrize("method", ["state_dict", "load_state_dict"])
 def test_plain_dataloader_state_methods_as_in_the_release(pristine, method):
     """Without ``use_stateful_dataloader`` the dataloader has no state: ``state_dict()`` and ``load_state_dict()``
