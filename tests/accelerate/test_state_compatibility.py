@@ -86,6 +86,14 @@ def through_checkpoint(state):
     return torch.load(buffer, weights_only=False)
 
 
+def stop(loader):
+    """Ends ``loader``'s epoch (left early) and stops its workers, if any."""
+    loader.end()
+    iterator = loader.base_dataloader._iterator
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
 def state_after(module, num_workers, stop_after):
     """The state of a dataloader of ``module`` that yielded ``stop_after`` batches (0: before the first batch)."""
     loader = prepared(module, num_workers)
@@ -96,7 +104,7 @@ def state_after(module, num_workers, stop_after):
             if len(batches) == stop_after:
                 break
     state = through_checkpoint(loader.state_dict())
-    loader.end()
+    stop(loader)
     return state
 
 
@@ -190,7 +198,7 @@ def dcp_state_after(module, num_workers, stop_after, directory):
             if step + 1 == stop_after:
                 break
     dcp.save({"dataloader": loader}, checkpoint_id=directory)
-    loader.end()
+    stop(loader)
 
 
 def dcp_resumed(module, num_workers, directory):
@@ -280,14 +288,6 @@ def loader_of_own_iterators(module, kind, num_workers):
     else:
         dataset, kwargs = list(range(NUM_SAMPLES)), {"batch_sampler": BatchSamplerOfItsOwnIterators()}
     return module.DataLoaderShard(dataset, num_workers=num_workers, use_stateful_dataloader=True, **kwargs)
-
-
-def stop(loader):
-    """Ends ``loader``'s epoch (left early) and stops its workers, if any."""
-    loader.end()
-    iterator = loader.base_dataloader._iterator
-    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-        iterator._shutdown_workers()
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
