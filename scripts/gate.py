@@ -306,7 +306,7 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
         tree = up.trees[stage]
         paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
         launches += ["--launch=" + json.dumps(in_tree(entry, tree)) for entry in up.launches
-                     if (file := sources.launched_file(entry)) not in up.skipped and (tree / file).exists()]
+                     if sources.launched_file(entry) not in up.skipped and sources.launched_in(entry, tree)]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:unraisableexception",
             "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",

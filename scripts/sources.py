@@ -4,6 +4,7 @@ See README, "How checkouts are made": an upstream is pinned by
 version, sdist file name and sha256; the git source is a URL and a tag pattern.
 """
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,17 @@ def versions(pairs: list[str]) -> dict[str, str]:
 def names(path: Path = SOURCES_FILE) -> list[str]:
     """Return the upstream names declared in ``path``, in file order."""
     return list(load(path))
+
+
+def launched_in(entry: dict, tree: Path) -> bool:
+    """Whether the test of a ``[<name>.gate] launch`` entry is in ``tree`` (an upstream tree): its script exists, or
+    its ``pytest`` file exists and defines the id's last part (a line ``def <name>(``): a stack's later commit can add
+    a test to a file that the earlier commits' trees hold. Raises KitError as ``launched_file``."""
+    path = tree / launched_file(entry)
+    if "script" in entry or not path.is_file():
+        return path.is_file()
+    name = str(entry["pytest"]).rpartition("::")[2]
+    return re.search(rf"^\s*def {re.escape(name)}\(", path.read_text(errors="replace"), re.M) is not None
 
 
 def launched_file(entry: dict) -> str:

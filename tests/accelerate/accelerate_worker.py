@@ -10,7 +10,9 @@ and asserts. A scenario that raises records its traceback instead of results and
 """
 
 import contextlib
+import copy
 import functools
+import glob
 import hashlib
 import multiprocessing.forkserver
 import os
@@ -25,9 +27,10 @@ import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.data_loader import get_sampler
 from accelerate.utils import set_seed
-from torch.utils.data import BatchSampler, DataLoader, Dataset, default_collate
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
+from tests.accelerate.release import release_module  # noqa: E402
 from tests.rank_worker import run_scenarios, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 96
@@ -414,7 +417,10 @@ def user_code_checkpoint(
         elif run == "restarted":
             if use_save_state:
                 accelerator.load_state(os.path.join(out_dir, "checkpoint"))
-                state = torch.load(os.path.join(out_dir, "checkpoint", "dl_state_dict.bin"), weights_only=False)
+                # this rank's folder holds one state: dl_state_dict.bin, or dl_state_dict_rank<N>.bin from the
+                # series' third commit on
+                (saved,) = glob.glob(os.path.join(out_dir, "checkpoint", "dl_state_dict*.bin"))
+                state = torch.load(saved, weights_only=False)
             else:
                 loader.load_state_dict(state)
             result["state_after_load_is_loaded"] = repr(loader.state_dict()) == repr(state)
@@ -425,6 +431,106 @@ def user_code_checkpoint(
         runs[run] = result
     accelerator.free_memory()
     return runs
+
+
+class StreamDataset(IterableDataset):
+    """The sample ids ``0..num_samples-1`` as a stream; with DataLoader workers each yields every
+    ``num_workers``-th id from its own, as an ``IterableDataset`` splits its work between workers."""
+
+    def __init__(self, num_samples):
+        self.num_samples = num_samples
+
+    def __iter__(self):
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        yield from range(start, self.num_samples, step)
+
+
+def resume_from_checkpoint(
+    accelerator, rank, num_workers, out_dir, dispatch_batches, split_batches, iterable, shared_folder, stop_after=2
+):
+    """A training job's checkpoints and restarts: a run saves with ``accelerator.save_state`` before its first batch
+    and after ``stop_after`` batches of epoch 0, and reads epochs 0 and 1; a restart loads each checkpoint
+    (``load_state``) into a freshly prepared loader and reads the rest of epoch 0 and epoch 1. Ranks seeded
+    differently (``seed_rank("diverged")``), the same seeds in each restart (simulated in this process, as in
+    ``early_checkpoint``). The loader: 32 sample ids, a map-style dataset shuffled or ``StreamDataset``, batches of 4
+    per process (``split_batches``: batches of 8, split). ``shared_folder``: one checkpoint folder for both ranks, as
+    on a shared file system, written by the ranks in turn (rank 1's files land last, so that a state written over
+    another's shows on every run); else one folder per rank. Returns this rank's batches (lists of ids): ``saved``
+    (both epochs of the saving run), and per checkpoint (``step-0``, ``step-<stop_after>``) the restart's two epochs.
+    """
+    num_samples = 32
+
+    def fresh():
+        accelerator.free_memory()  # the loader is the accelerator's only one, as in a fresh run
+        seed_rank("diverged", rank)
+        accelerator.dataloader_config = DataLoaderConfiguration(
+            use_stateful_dataloader=True, dispatch_batches=dispatch_batches, split_batches=split_batches
+        )
+        dataset = StreamDataset(num_samples) if iterable else list(range(num_samples))
+        batch_size = BATCH_SIZE * accelerator.num_processes if split_batches else BATCH_SIZE
+        return accelerator.prepare(DataLoader(dataset, batch_size, shuffle=not iterable, num_workers=num_workers))
+
+    def save(name):
+        if not shared_folder:
+            accelerator.save_state(os.path.join(out_dir, f"{name}.rank{rank}"))
+            return
+        for writer in range(accelerator.num_processes):  # in turn: the last rank's files land last, deterministically
+            if writer == rank:
+                accelerator.save_state(os.path.join(out_dir, name))
+            accelerator.wait_for_everyone()
+
+    def load(name):
+        accelerator.load_state(os.path.join(out_dir, name if shared_folder else f"{name}.rank{rank}"))
+
+    def epoch(loader):
+        return [[int(i) for i in batch] for batch in loader]
+
+    loader = fresh()
+    save("step-0")
+    first = []
+    for batch in loader:
+        first.append([int(i) for i in batch])
+        if len(first) == stop_after:
+            save(f"step-{stop_after}")
+    result = {"saved": [first, epoch(loader)]}
+    for name in ("step-0", f"step-{stop_after}"):
+        loader = fresh()
+        load(name)
+        result[name] = [epoch(loader), epoch(loader)]
+    accelerator.free_memory()
+    return result
+
+
+def dispatcher_state_across_versions(accelerator, rank, num_workers, split_batches, out_dir):
+    """A ``DataLoaderDispatcher``'s state after 2 steps, saved by the release and by the series, each loaded into a
+    new dispatcher of the release and of the series (over ``StreamDataset``; the release's ``data_loader.py`` beside
+    the installed one, ``release.py``). Returns this rank's batches (lists of ids): ``<saver>-rest``, what the saving
+    dispatcher read after its state, and ``<saver>-into-<loader>``, what the loading one reads."""
+    os.makedirs(out_dir, exist_ok=True)
+    modules = {"release": release_module("data_loader", out_dir), "series": accelerate.data_loader}
+
+    def dispatcher(module):
+        batch_size = BATCH_SIZE * accelerator.num_processes if split_batches else BATCH_SIZE
+        loader = DataLoader(StreamDataset(32), batch_size, num_workers=num_workers)
+        return module.prepare_data_loader(
+            loader, accelerator.device, accelerator.num_processes, rank, split_batches=split_batches,
+            put_on_device=True, dispatch_batches=True, use_stateful_dataloader=True,
+        )
+
+    result = {}
+    for saver, module in modules.items():
+        loader, batches = dispatcher(module), []
+        for batch in loader:
+            batches.append([int(i) for i in batch])
+            if len(batches) == 2:
+                state = loader.state_dict()
+        result[f"{saver}-rest"] = batches[2:]
+        for reader, reader_module in modules.items():
+            resumed = dispatcher(reader_module)
+            resumed.load_state_dict(copy.deepcopy(state))
+            result[f"{saver}-into-{reader}"] = [[int(i) for i in batch] for batch in resumed]
+    return result
 
 
 SCENARIOS = {}
@@ -439,9 +545,7 @@ for _nw in (0, 2):
     SCENARIOS[f"dispatch-batches-nw{_nw}"] = (partition, ("diverged", _nw), {"dispatch_batches": True})
     SCENARIOS[f"resume-shard-nw{_nw}"] = (resume, (_nw,), {})
     SCENARIOS[f"resume-shard-sampler-generator-nw{_nw}"] = (resume, (_nw,), {"use_seedable_sampler": False})
-# Not resume-dispatch-nw2: with workers, a DataLoaderDispatcher resumed mid-epoch skips one batch too many, on the
-# base as with the fix (DataLoaderAdapter.adjust_state_dict_for_prefetch only knows the single-process state layout).
-SCENARIOS["resume-dispatch-nw0"] = (resume, (0,), {"dispatch_batches": True})
+    SCENARIOS[f"resume-dispatch-nw{_nw}"] = (resume, (_nw,), {"dispatch_batches": True})
 # An early state_dict() must change no random state, with both adapters, num_workers 0, 2 and 6, persistent workers,
 # and each source of the order: the generator prepare() attaches to the sampler, a user's DataLoader(generator=), and
 # the SeedableRandomSampler (use_seedable_sampler=True).
@@ -503,6 +607,35 @@ for _name, _config in USER_CODE_CONFIGS.items():
     _config = dict(_config)
     SCENARIOS[f"user-code-{_name}"] = (user_code_checkpoint, (_config.pop("num_workers"),), _config)
 
+# Restarts from save_state() checkpoints before the first batch and mid-epoch: both adapters (the dispatcher with
+# and without split_batches), map-style and iterable datasets, num_workers 0 and 2, a checkpoint folder per rank or one
+# shared by the ranks
+RESUME_CONFIGS = {}
+for _adapter in ("shard", "dispatch", "dispatch-split"):
+    for _dataset in ("map", "iterable"):
+        for _nw in (0, 2):
+            for _folder in ("per-rank", "shared"):
+                RESUME_CONFIGS[f"{_adapter}-{_dataset}-nw{_nw}-{_folder}"] = {
+                    "num_workers": _nw,
+                    "dispatch_batches": _adapter != "shard",
+                    "split_batches": _adapter == "dispatch-split",
+                    "iterable": _dataset == "iterable",
+                    "shared_folder": _folder == "shared",
+                }
+for _name, _config in RESUME_CONFIGS.items():
+    _config = dict(_config)
+    SCENARIOS[f"checkpointed-{_name}"] = (resume_from_checkpoint, (_config.pop("num_workers"),), _config)
+# A dispatcher's state, saved by one version and loaded by the other (the series' second commit changes when the state
+# is recorded): split_batches with num_workers 0, and without it with 2, where the release's correction is wrong
+for _split, _nw in ((True, 0), (False, 2)):
+    SCENARIOS[f"dispatcher-state-across-versions-{'split-' if _split else ''}nw{_nw}"] = (
+        dispatcher_state_across_versions, (_nw, _split), {}
+    )
+# the scenarios that write to a folder of their own per rank
+FOLDER_PER_RANK = (
+    early_checkpoint, user_code_checkpoint, early_checkpoint_worker_randomness, dispatcher_state_across_versions
+)
+
 
 def main():
     out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
@@ -514,9 +647,9 @@ def main():
 
     def call(name):
         function, args, kwargs = SCENARIOS[name]
-        if function in (early_checkpoint, user_code_checkpoint, early_checkpoint_worker_randomness):
+        if function in FOLDER_PER_RANK:
             kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.rank{rank}.checkpoint"))  # one per rank
-        elif function is checkpoint_restart:  # the folder of the scenario, shared by the ranks
+        elif function in (checkpoint_restart, resume_from_checkpoint):  # the scenario's folder, shared by the ranks
             kwargs = dict(kwargs, out_dir=os.path.join(out_dir, f"{name}.checkpoints"))
         return function(accelerator, rank, *args, **kwargs)
 

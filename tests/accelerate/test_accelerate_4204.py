@@ -10,7 +10,7 @@ torchdata reuses that iterator for the first ``__iter__``; ``DataLoaderShard.__i
 states across ranks only then (line 568), too late. Ranks whose RNG differed before ``prepare()`` shard
 different permutations: epoch 0 sees some samples twice and others never.
 
-Every test here reads the results of one real 2-process launch (Gloo on CPU,
+Every test here reads the results of the suite's one real 2-process launch (Gloo on CPU,
 ``torch.distributed.run --standalone``, so a free port) of ``accelerate_worker.py``, where the scenarios are
 defined; the launch has a timeout and is killed with all its processes, and pytest-xdist workers share it.
 Tests marked ``regression`` fail on the base and pass with the series (FAIL_TO_PASS); the others are guards
@@ -20,38 +20,17 @@ the iterator already, and fail with a fix that only defers that (the previous ve
 """
 
 import collections
-import os
-import sys
-from pathlib import Path
 
 import pytest
 
-from scripts import launch
 from tests.accelerate.accelerate_worker import EARLY_CONFIGS, USER_CODE_CONFIGS
-from tests.launched import launch_once, rank_results
+from tests.launched import rank_results
 
-WORKER = Path(__file__).with_name("accelerate_worker.py")
 NUM_SAMPLES = 96  # accelerate_worker.NUM_SAMPLES
-LAUNCH_TIMEOUT = 600  # seconds for the whole launch; a healthy one takes about 1 to 2 min on 2 busy cores
 regression = pytest.mark.regression("accelerate", 4204)
 # `make test` (pytest-xdist --dist loadgroup) runs every test of the launch on one worker: the other workers go on with
 # other tests instead of waiting for the launch
 pytestmark = pytest.mark.xdist_group("accelerate-launch")
-
-
-def _launch(out_dir):
-    """Run all scenarios in one launch; return what the tests need to explain a missing result."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
-    env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(WORKER)]
-    result = launch.run([*cmd, str(out_dir)], out_dir / "launch.log", LAUNCH_TIMEOUT, cwd=out_dir, env=env)
-    return {"returncode": result.returncode, "timed_out": result.timed_out, "seconds": result.seconds}
-
-
-@pytest.fixture(scope="session")
-def launch_dir(tmp_path_factory):
-    """The directory of the session's single launch; under pytest-xdist all workers share it."""
-    return launch_once(tmp_path_factory, "accelerate-4204", _launch)
 
 
 def ranks(launch_dir, scenario):
@@ -170,6 +149,8 @@ def test_dispatch_batches_partition(launch_dir, num_workers):
         pytest.param("resume-shard-sampler-generator-nw0", id="shard-sampler-generator-nw0"),
         pytest.param("resume-shard-sampler-generator-nw2", id="shard-sampler-generator-nw2", marks=regression),
         pytest.param("resume-dispatch-nw0", id="dispatch-nw0"),
+        pytest.param("resume-dispatch-nw2", id="dispatch-nw2",
+                     marks=pytest.mark.regression("accelerate", "dispatcher-lookahead")),
     ],
 )
 def test_mid_epoch_resume(launch_dir, scenario):
@@ -181,9 +162,9 @@ def test_mid_epoch_resume(launch_dir, scenario):
     ``prepare_data_loader`` swaps in the ``SeedableRandomSampler`` (line 1310), so the uninterrupted epoch 0 comes
     from the original sampler while the resumed loader follows the seedable one. ``shard-sampler-generator-nw2``:
     the uninterrupted run iterates that prefetched permutation, while the resumed loader, whose ``prepare()`` drew one
-    permutation already, draws the next one from the sampler's generator and skips into it. ``dispatch_batches``
-    with workers is left out: it resumes one batch too far on the base and with the fix alike, a separate bug (see
-    ``accelerate_worker.py``).
+    permutation already, draws the next one from the sampler's generator and skips into it. ``dispatch-nw2`` resumes
+    one batch too far on the base and with the #4204 fix alike: the state of a loader with workers was not corrected
+    for the dispatcher's look-ahead, a follow-up bug that the series' second commit fixes (``test_resume.py``).
     """
     for result in ranks(launch_dir, scenario):
         uninterrupted, resumed = result["uninterrupted"], result["before"] + result["after"]

@@ -7,18 +7,14 @@ with ``use_stateful_dataloader=True`` draws from the global RNG only what ``prep
 sampler's seed, ``prepare_data_loader`` line 1234 of 1.16.0); and dataloaders without ``use_stateful_dataloader``
 behave as in the release.
 
-The release's ``data_loader.py`` is read from ``base/<version>`` of the kit's checkout with git and imported as a
-sibling module of the installed one, so its relative imports resolve in the installed package (the series changes
-only ``data_loader.py``). On the base both sides are the release: the guards pass there and fail when the series
-changes what they check; the test marked ``regression`` fails on the base.
+The release's ``data_loader.py`` and ``checkpointing.py`` (which the series' third commit changes) are read from
+``base/<version>`` of the kit's checkout and imported beside the installed package (``release.py``). On the base both
+sides are the release: the guards pass there and fail when the series changes what they check; the tests marked
+``regression`` fail on the base.
 """
 
-import importlib.util
 import io
-import subprocess
-from pathlib import Path
 
-import accelerate
 import accelerate.data_loader as data_loader_module
 import pytest
 import torch
@@ -27,8 +23,8 @@ from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from torch.utils.data import DataLoader
 
-UPSTREAM = Path(__file__).resolve().parents[2] / "upstream" / "accelerate"  # the kit's checkout (make upstream)
-DATA_LOADER_PATH = "src/accelerate/data_loader.py"
+from tests.accelerate.release import release_module
+
 NUM_SAMPLES = 48
 BATCH_SIZE = 4
 SEED = 7
@@ -50,27 +46,24 @@ def accelerator():
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """The ``accelerate.data_loader`` module of the pristine release the checkout is based on."""
-    version = accelerate.__version__.split("+")[0]
-    shown = subprocess.run(["git", "-C", str(UPSTREAM), "show", f"base/{version}:{DATA_LOADER_PATH}"],
-                           capture_output=True, text=True)
-    assert shown.returncode == 0, f"no pristine tree of accelerate {version} in {UPSTREAM} (run make upstream): " + (
-        shown.stderr)
-    path = tmp_path_factory.mktemp("pristine") / "pristine_data_loader.py"
-    path.write_text(shown.stdout)
-    spec = importlib.util.spec_from_file_location("accelerate.pristine_data_loader", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return release_module("data_loader", tmp_path_factory.mktemp("pristine"))
 
 
-def prepared(module, num_workers, stateful=True):
+@pytest.fixture(scope="module")
+def pristine_checkpointing(tmp_path_factory):
+    """The ``accelerate.checkpointing`` module of the pristine release the checkout is based on."""
+    return release_module("checkpointing", tmp_path_factory.mktemp("pristine"))
+
+
+def prepared(module, num_workers, stateful=True, num_processes=2):
     """Process 0's shard of a shuffled dataloader over the sample ids, through ``module.prepare_data_loader`` after
-    ``torch.manual_seed(SEED)``: 2 processes, ``rng_types=["generator"]`` as ``Accelerator.prepare`` passes them (so
-    the sampler gets its own generator, seeded from the global RNG; there is no other process to synchronize with)."""
+    ``torch.manual_seed(SEED)``: by default 2 processes, ``rng_types=["generator"]`` as ``Accelerator.prepare`` passes
+    them (so the sampler gets its own generator, seeded from the global RNG; there is no other process to synchronize
+    with); ``num_processes=1``: the loader of a single process."""
     torch.manual_seed(SEED)
     loader = DataLoader(list(range(NUM_SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
     return module.prepare_data_loader(
-        loader, num_processes=2, process_index=0, rng_types=["generator"], use_stateful_dataloader=stateful
+        loader, num_processes=num_processes, process_index=0, rng_types=["generator"], use_stateful_dataloader=stateful
     )
 
 
@@ -167,12 +160,14 @@ def test_prepare_draws_only_the_sampler_seed(num_workers):
     assert torch.equal(stateful, without), "prepare() with use_stateful_dataloader=True drew more than the seed"
 
 
+@pytest.mark.parametrize("num_processes", [1, 2])
 @pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
-def test_plain_dataloader_as_in_the_release(pristine, num_workers):
-    """Without ``use_stateful_dataloader``: the same two epochs and global RNG afterwards as the release."""
+def test_plain_dataloader_as_in_the_release(pristine, num_workers, num_processes):
+    """Without ``use_stateful_dataloader``: the same two epochs and global RNG afterwards as the release, on one
+    process (where the series' fourth commit gives a stateful loader's sampler a generator) and on two."""
     runs = []
     for module in (pristine, data_loader_module):
-        loader = prepared(module, num_workers, stateful=False)
+        loader = prepared(module, num_workers, stateful=False, num_processes=num_processes)
         epochs = [ids(loader), ids(loader)]
         runs.append((epochs, torch.random.get_rng_state()))
     (release_epochs, release_rng), (series_epochs, series_rng) = runs
@@ -373,3 +368,69 @@ def test_plain_dataloader_state_methods_as_in_the_release(pristine, method):
             getattr(loader, method)(*([{}] if method == "load_state_dict" else []))
         raised.append((type(error.value), str(error.value)))
     assert raised[1] == raised[0], f"the series raises {raised[1]}, the release {raised[0]}"
+
+
+def global_rng_after(draws):
+    """The global RNG's state after ``torch.manual_seed(SEED)`` and ``draws`` draws of a 64-bit seed."""
+    torch.manual_seed(SEED)
+    for _ in range(draws):
+        torch.empty((), dtype=torch.int64).random_()
+    return torch.random.get_rng_state()
+
+
+@pytest.mark.regression("accelerate", "shuffled-resume")
+def test_stateful_loader_of_one_process_draws_its_sampler_seed_in_prepare(pristine):
+    """A shuffled stateful loader of one process (no workers): from the series' fourth commit ``prepare()`` draws one
+    number from the global RNG, the seed of the sampler's own generator, and the sampler draws none at each epoch
+    (the commit message and the PR say so); each epoch's iterator still draws its base seed, as torch's does. The two
+    epochs shuffle differently. (The release draws a base seed in ``prepare()``, where it builds an iterator, and the
+    sampler a seed at each epoch: 4 draws by the end of epoch 1.)"""
+    loader = prepared(data_loader_module, 0, num_processes=1)
+    assert torch.equal(torch.random.get_rng_state(), global_rng_after(1)), "prepare() drew other than one seed"
+    epochs = [ids(loader), ids(loader)]
+    assert torch.equal(torch.random.get_rng_state(), global_rng_after(3)), "the epochs drew more than base seeds"
+    assert epochs[0] != epochs[1], "both epochs have one order"
+
+
+@pytest.mark.regression("accelerate", "shared-checkpoint-folder")
+def test_release_loads_no_dataloader_state_from_a_checkpoint_of_several_processes(
+    pristine_checkpointing, tmp_path, monkeypatch
+):
+    """What the PR says of 1.16.0 loading a checkpoint that several processes saved with the series' third commit:
+    it finds no ``dl_state_dict.bin``, loads no dataloader state, and the loader reads its epoch from the start; the
+    series loads the process's own state and resumes. Process 1 of 2 saves (``PartialState`` reports 2 processes to
+    ``save_accelerator_state``); on the base, both load the state of ``dl_state_dict.bin`` and resume."""
+    from accelerate import checkpointing
+
+    loader = prepared(data_loader_module, 0)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    monkeypatch.setattr(checkpointing, "PartialState", lambda: type("TwoProcesses", (), {"num_processes": 2})())
+    checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=1, step=0)
+    monkeypatch.undo()
+    rest = ids(batches)
+    results = {}
+    for label, module in (("release", pristine_checkpointing), ("series", checkpointing)):
+        resumed = prepared(data_loader_module, 0)
+        module.load_accelerator_state(tmp_path, [], [], [], [resumed], process_index=1)
+        results[label] = ids(resumed)
+    assert results["series"] == rest, f"the series resumes with {results['series']}, the epoch had {rest} left"
+    assert results["release"] == uninterrupted(data_loader_module, 0), "the release did not read the whole epoch"
+
+
+def test_release_resumes_a_checkpoint_of_one_process_of_the_series(pristine_checkpointing, tmp_path):
+    """A single process still writes ``dl_state_dict.bin`` (the commit message says so), and 1.16.0 loads it as its
+    own: it resumes the rest of the epoch."""
+    from accelerate import checkpointing
+
+    loader = prepared(data_loader_module, 0)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=0, step=0)
+    rest = ids(batches)
+    assert sorted(p.name for p in tmp_path.glob("dl_state_dict*")) == ["dl_state_dict.bin"]
+    resumed = prepared(data_loader_module, 0)
+    pristine_checkpointing.load_accelerator_state(tmp_path, [], [], [], [resumed], process_index=0)
+    assert ids(resumed) == rest, "the release did not resume the rest of the epoch"

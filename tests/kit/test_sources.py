@@ -65,3 +65,21 @@ def test_a_release_not_pinned_is_told_how_to_pin_it():
     """`make apply DEEPSPEED_VERSION=0.19.99` told a newcomer to edit sources.toml by hand; `make pin` does it."""
     with pytest.raises(KitError, match=r"deepspeed 0\.19\.99 is not pinned .*`make pin DEEPSPEED_VERSION=0\.19\.99`"):
         sources.pin("deepspeed", "0.19.99")
+
+
+@pytest.mark.parametrize(("entry", "in_tree"), [
+    ({"script": "scripts/check.py", "nproc": 2}, True),
+    ({"script": "scripts/later.py", "nproc": 2}, False),
+    ({"pytest": "tests/test_cpu.py::MultiCPUTester::test_first"}, True),
+    ({"pytest": "tests/test_cpu.py::MultiCPUTester::test_second"}, False),  # a later commit adds it to the file
+    ({"pytest": "tests/test_later.py::test_first"}, False),
+])
+def test_a_launch_entry_is_in_a_tree_when_its_test_is_defined_there(tmp_path, entry, in_tree):
+    """The gate runs a launch entry in a stage only when the stage's tree defines its test, so that the test a stack's
+    later commit adds to an existing file is not an error in the stages before it."""
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "check.py").write_text("print('ok')\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_cpu.py").write_text(
+        "class MultiCPUTester:\n    def test_first(self):\n        pass\n\n    # test_second( is not defined\n")
+    assert sources.launched_in(entry, tmp_path) is in_tree
