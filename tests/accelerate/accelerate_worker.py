@@ -30,7 +30,6 @@ from accelerate.utils import set_seed
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, default_collate, get_worker_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
-from tests.accelerate.release import release_module  # noqa: E402
 from tests.rank_worker import run_scenarios, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 96
@@ -507,6 +506,8 @@ def dispatcher_state_across_versions(accelerator, rank, num_workers, split_batch
     new dispatcher of the release and of the series (over ``StreamDataset``; the release's ``data_loader.py`` beside
     the installed one, ``release.py``). Returns this rank's batches (lists of ids): ``<saver>-rest``, what the saving
     dispatcher read after its state, and ``<saver>-into-<loader>``, what the loading one reads."""
+    from tests.accelerate.release import release_module  # here: the DataLoader workers run this script's imports
+
     os.makedirs(out_dir, exist_ok=True)
     modules = {"release": release_module("data_loader", out_dir), "series": accelerate.data_loader}
 
