@@ -6,14 +6,17 @@ Imported by ``tests/accelerate/accelerate_worker.py`` and ``tests/deepspeed/engi
 
 import contextlib
 import gc
+import importlib
 import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
+import socket
 import sys
 import traceback
 from collections.abc import Callable, Iterable
+from multiprocessing import connection, resource_tracker
 
 from scripts import launch
 
@@ -21,24 +24,58 @@ ABORT_EXIT_CODE = 3  # this rank's exit status when one of its scenarios raised
 
 
 def use_forkserver(preload: list[str]) -> None:
-    """Make multiprocessing start new processes (the DataLoader workers) from a forkserver with the modules
-    ``preload`` imported. The forkserver starts with the first worker (a launch without workers pays nothing for
-    it), by fork and exec in C (``_posixsubprocess``), which no Python thread state of the rank's can deadlock.
+    """Make multiprocessing start new processes (the DataLoader workers) from a forkserver, and start it now, as a
+    fork of this process with the modules ``preload`` imported. Call it before anything starts a thread (before
+    ``init_process_group``, ``deepspeed.init_distributed``, ``Accelerator()``); raises RuntimeError when this
+    process has a thread besides the main one then (the fork could copy a lock that thread holds).
 
     CPython 3.11 before 3.11.10 can deadlock a child forked while another thread creates a Python thread state
     (gh-112275). torch's Gloo threads do that when they free a finished collective's tensors, which is right before an
     epoch forks its workers (``DataLoaderShard.__iter__`` synchronizes the RNGs by a broadcast first): about one
-    2-process launch in 60 hung so. The forkserver has no such threads. Where the workers start from changes nothing
-    the suites check (sample order, generator states, workers counted as new descendants of the rank).
+    2-process launch in 60 hung so. The forkserver has no thread but its main one, ever: it is forked from this
+    process while it has no other, and then only forks. Where the workers start from changes nothing the suites
+    check (sample order, generator states, workers counted as new descendants of the rank).
 
-    ``preload`` names every module the worker script imports: a worker, forked from the forkserver, runs the script
-    again as ``__mp_main__`` (``multiprocessing.spawn.prepare``; in CPython 3.11 preloading ``"__main__"`` does not
-    help, ``ForkServer.ensure_running`` never passes the script's path), and with its imports already loaded that is
-    a few milliseconds instead of importing Accelerate anew in every worker (0.73 s against 0.03 s of CPU to start
-    a worker of the Accelerate suite, issue 23).
+    The forkserver is a fork, not CPython's own (a new interpreter that imports ``preload`` again, 2.4 s of CPU per
+    rank for torch and DeepSpeed, issue 31): it holds this process's modules, and a worker it forks finds the
+    script already as ``__main__`` (``multiprocessing.spawn.prepare`` does not run it again when the main module's
+    file is the script's). ``preload`` names every module a worker needs; each is imported here if it is not yet.
     """
     multiprocessing.set_start_method("forkserver")
-    multiprocessing.set_forkserver_preload(preload)
+    for name in preload:
+        importlib.import_module(name)
+    threads = os.listdir("/proc/self/task")
+    if len(threads) > 1:
+        raise RuntimeError(f"use_forkserver: this process runs {len(threads)} threads; call it before any starts "
+                           "(numpy's OpenBLAS starts a pool at import unless OMP_NUM_THREADS=1)")
+    server = multiprocessing.forkserver._forkserver
+    if server._forkserver_pid is not None:
+        raise RuntimeError("use_forkserver: a forkserver runs already")
+    resource_tracker.ensure_running()  # its pipe is inherited, as CPython's forkserver gets it
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()  # the forkserver ends when every holder of alive_w has ended (as CPython's)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(alive_w)
+            multiprocessing.forkserver.main(listener.fileno(), alive_r, [])
+        except SystemExit:
+            pass
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(alive_r)
+    listener.close()
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
 
 
 def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[[str], dict], **recorded) -> None:
