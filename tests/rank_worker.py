@@ -21,6 +21,8 @@ from multiprocessing import connection, resource_tracker
 from scripts import launch
 
 ABORT_EXIT_CODE = 3  # this rank's exit status when one of its scenarios raised
+# What every DataLoader worker started from the forkserver imports (a rank imports them only with its first workers)
+WORKER_MODULES = ("multiprocessing.popen_forkserver", "multiprocessing.queues", "multiprocessing.synchronize")
 
 
 def use_forkserver(preload: list[str]) -> None:
@@ -39,10 +41,12 @@ def use_forkserver(preload: list[str]) -> None:
     The forkserver is a fork, not CPython's own (a new interpreter that imports ``preload`` again, 2.4 s of CPU per
     rank for torch and DeepSpeed, issue 31): it holds this process's modules, and a worker it forks finds the
     script already as ``__main__`` (``multiprocessing.spawn.prepare`` does not run it again when the main module's
-    file is the script's). ``preload`` names every module a worker needs; each is imported here if it is not yet.
+    file is the script's). ``preload`` names every module a worker needs; each is imported here if it is not yet, as
+    are ``WORKER_MODULES``. The forkserver moves what it holds out of the garbage collector's sight (``gc.freeze``):
+    a worker's collections then do not write to, and so copy, every page of the heap it shares with the forkserver.
     """
     multiprocessing.set_start_method("forkserver")
-    for name in preload:
+    for name in [*preload, *WORKER_MODULES]:
         importlib.import_module(name)
     threads = os.listdir("/proc/self/task")
     if len(threads) > 1:
@@ -65,6 +69,7 @@ def use_forkserver(preload: list[str]) -> None:
         code = 0
         try:
             os.close(alive_w)
+            gc.freeze()
             multiprocessing.forkserver.main(listener.fileno(), alive_r, [])
         except SystemExit:
             pass
