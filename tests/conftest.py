@@ -4,9 +4,16 @@
 whether the series is applied: ``scripts.series.describe``), and when the series is not applied its last line says
 that the failures of tests marked ``regression`` are the bugs reproducing. DeepSpeed's mmap loader prints
 progress lines ("creating numpy buffer of mmap...") on every load, about 1,400 in a failing run; they are dropped.
+
+A process forked from the test process (the DataLoader workers of the one-process tests with ``num_workers > 0``)
+first moves what it inherited out of the garbage collector's sight (``gc.freeze``): a collection there would
+otherwise write to, and so copy, every page of the test process's heap (1.4 s of CPU in ``test_io_workers.py``'s
+314 workers, issue 31). The worker frees what it makes itself as before.
 """
 
+import gc
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +26,8 @@ UPSTREAMS = ("deepspeed", "accelerate")
 MMAP_LOADER = "deepspeed.runtime.data_pipeline.data_sampling.indexed_dataset"
 CHECKOUTS = pytest.StashKey[dict]()
 VERDICT = pytest.StashKey[str]()
+
+os.register_at_fork(after_in_child=gc.freeze)
 
 
 def checkout_of(package: str) -> Path | None:
