@@ -1,7 +1,8 @@
 """One rank of the engine-level scenarios of ``test_engine_resume.py`` (DeepSpeed issue #8787).
 
 Run by the test module as
-``DS_ACCELERATOR=cpu python -m torch.distributed.run --standalone --nproc_per_node=N engine_worker.py OUT_DIR``.
+``DS_ACCELERATOR=cpu python -m torch.distributed.run --standalone --nproc_per_node=N engine_worker.py OUT_DIR``
+(one rank: ``python engine_worker.py OUT_DIR`` with the variables the launcher sets, ``MASTER_PORT=0``).
 Nothing is stubbed: ``deepspeed.init_distributed("gloo")``, ``deepspeed.initialize(..., training_data=...)`` with
 curriculum data sampling, ``engine.save_checkpoint()`` and, in a new engine, ``engine.load_checkpoint()``.
 Sample ``i`` of the dataset is the tensor ``[i]``, so each micro-batch tells which samples it holds.
