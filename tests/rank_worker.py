@@ -45,13 +45,13 @@ def use_forkserver(preload: list[str]) -> None:
     are ``WORKER_MODULES``. The forkserver moves what it holds out of the garbage collector's sight (``gc.freeze``):
     a worker's collections then do not write to, and so copy, every page of the heap it shares with the forkserver.
     """
-    multiprocessing.set_start_method("forkserver")
     for name in [*preload, *WORKER_MODULES]:
         importlib.import_module(name)
     threads = os.listdir("/proc/self/task")
     if len(threads) > 1:
         raise RuntimeError(f"use_forkserver: this process runs {len(threads)} threads; call it before any starts "
                            "(numpy's OpenBLAS starts a pool at import unless OMP_NUM_THREADS=1)")
+    multiprocessing.set_start_method("forkserver", force=True)
     server = multiprocessing.forkserver._forkserver
     if server._forkserver_pid is not None:
         raise RuntimeError("use_forkserver: a forkserver runs already")

@@ -69,3 +69,51 @@ def test_an_error_of_a_launch_that_timed_out_says_so(tmp_path):
     (tmp_path / "launch.json").write_text(json.dumps({"returncode": 3, "timed_out": False, "seconds": 9.0}))
     with pytest.raises(pytest.fail.Exception, match=r"rank 0 raised in 's':\n"):
         rank_results(tmp_path, 2, "s")
+
+
+FORKSERVER = """
+import json, multiprocessing, os, sys, threading
+sys.path.insert(0, {root!r})
+from tests.rank_worker import stop_forkserver, use_forkserver
+
+def child(queue):
+    threads = len(os.listdir("/proc/self/task"))
+    queue.put({{"ppid": os.getppid(), "main": sys.modules["__main__"].__file__, "threads": threads}})
+
+if __name__ == "__main__":
+    rank = os.getpid()
+    use_forkserver(["json"])
+    server = multiprocessing.forkserver._forkserver._forkserver_pid
+    queue = multiprocessing.Queue()
+    process = multiprocessing.Process(target=child, args=(queue,))
+    process.start()
+    seen = queue.get(timeout=60)
+    process.join(60)
+    stop_forkserver()
+    done = threading.Event()
+    threading.Thread(target=done.wait).start()  # a forkserver is refused while another thread runs
+    try:
+        use_forkserver([])
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    done.set()
+    print(json.dumps({{"rank": rank, "server": server, "seen": seen, "exitcode": process.exitcode,
+                      "server_running": os.path.exists(f"/proc/{{server}}"), "refused": refused}}))
+"""
+
+
+def test_forkserver_is_a_fork_of_the_rank_with_one_thread(tmp_path):
+    """``use_forkserver`` forks the rank's forkserver: a worker's parent is that fork (a child of the rank), it has
+    one thread and finds the script as ``__main__`` already; the forkserver stops with ``stop_forkserver``; a rank
+    that already runs a second thread is refused (the fork could copy a lock that thread holds)."""
+    script = tmp_path / "rank.py"
+    script.write_text(FORKSERVER.format(root=str(KIT_ROOT)))
+    result = launch.run([sys.executable, str(script)], tmp_path / "log", TIMEOUT, cwd=tmp_path)
+    log = (tmp_path / "log").read_text(errors="replace")
+    assert result.returncode == 0, log[-3000:]
+    found = json.loads(log.strip().splitlines()[-1])
+    assert found["server"] != found["rank"] and found["seen"]["ppid"] == found["server"], found
+    assert found["seen"]["threads"] == 1 and found["seen"]["main"] == str(script), found
+    assert found["exitcode"] == 0 and not found["server_running"], found
+    assert "threads; call it before any starts" in found["refused"], found
