@@ -9,14 +9,14 @@ prepared loader, as a restarted job does. Configurations: ``DataLoaderShard`` an
 the ranks (rank 1 writing last). What goes wrong on accelerate 1.16.0 (``src/accelerate/``):
 
 - ``dispatcher-lookahead``: ``DataLoaderDispatcher`` records the state before each batch it fetches and
-  ``DataLoaderAdapter.adjust_state_dict_for_prefetch`` (``data_loader.py`` line 601) subtracts ``num_processes - 1``
+  ``DataLoaderAdapter.adjust_state_dict_for_prefetch`` (``data_loader.py`` line 458) subtracts ``num_processes - 1``
   batches: with ``split_batches`` a step is one batch (a batch read twice); with workers the state's layout has no
   such counts (a batch skipped).
 - ``shared-checkpoint-folder``: every process writes ``dl_state_dict.bin`` (``checkpointing.py`` line 131), so in a
   shared folder the last writer's state is loaded into all processes; a dispatcher's rank 1 never reads data, and
   rank 0 then replays the epoch.
 - ``shuffled-resume``: a dispatcher's ``RandomSampler`` has no generator of its own (``prepare_data_loader``, line
-  1352, gives one only without ``dispatch_batches``), so the resumed loader redraws the epoch's order from the global
+  1209, gives one only without ``dispatch_batches``), so the resumed loader redraws the epoch's order from the global
   RNG, which ``load_state()`` set back to the checkpoint's state, not the epoch's start.
 - ``4204``: with workers, rank-seeded ``DataLoaderShard`` epochs are not a partition on the base (#4204 itself).
 
