@@ -71,13 +71,17 @@ def sample_ids(batches):
     return [int(i) for batch in batches for i in batch]
 
 
-def prepare(accelerator, num_workers, persistent_workers=False, generator=None, **config):
-    """A shuffled ``DataLoader`` over the sample ids through ``accelerator.prepare()``; ``generator`` is the user's."""
+def prepare(
+    accelerator, num_workers, persistent_workers=False, generator=None, dataset=None, batch_size=BATCH_SIZE, **config
+):
+    """A ``DataLoader`` through ``accelerator.prepare()``: over ``dataset``, by default the sample ids, shuffled unless
+    the dataset is an ``IterableDataset``; ``generator`` is the user's."""
     accelerator.dataloader_config = DataLoaderConfiguration(use_stateful_dataloader=True, **config)
+    dataset = list(range(NUM_SAMPLES)) if dataset is None else dataset
     loader = DataLoader(
-        list(range(NUM_SAMPLES)),
-        batch_size=BATCH_SIZE,
-        shuffle=True,
+        dataset,
+        batch_size=batch_size,
+        shuffle=not isinstance(dataset, IterableDataset),
         num_workers=num_workers,
         persistent_workers=persistent_workers,
         generator=generator,
@@ -463,12 +467,10 @@ def resume_from_checkpoint(
     def fresh():
         accelerator.free_memory()  # the loader is the accelerator's only one, as in a fresh run
         seed_rank("diverged", rank)
-        accelerator.dataloader_config = DataLoaderConfiguration(
-            use_stateful_dataloader=True, dispatch_batches=dispatch_batches, split_batches=split_batches
-        )
         dataset = StreamDataset(num_samples) if iterable else list(range(num_samples))
         batch_size = BATCH_SIZE * accelerator.num_processes if split_batches else BATCH_SIZE
-        return accelerator.prepare(DataLoader(dataset, batch_size, shuffle=not iterable, num_workers=num_workers))
+        return prepare(accelerator, num_workers, dataset=dataset, batch_size=batch_size,
+                       dispatch_batches=dispatch_batches, split_batches=split_batches)
 
     def save(name):
         if not shared_folder:

@@ -38,7 +38,7 @@ def mid_epoch_key(config):
     """The key of the commit from which a restart from the mid-epoch checkpoint of ``config`` is exact (None: the
     base's already is)."""
     if not config["dispatch_batches"]:
-        return "4204" if not config["iterable"] and config["num_workers"] else None
+        return 4204 if not config["iterable"] and config["num_workers"] else None
     if not config["iterable"]:
         return "shuffled-resume"
     if config["shared_folder"]:
@@ -52,7 +52,7 @@ def before_first_batch_key(config):
     """The key of the commit from which a restart from the checkpoint before the first batch of ``config`` replays
     the epochs (None: the base's already does): the #4204 fix, for a shuffled loader with workers or a dispatcher."""
     shuffled = not config["iterable"]
-    return "4204" if shuffled and (config["num_workers"] or config["dispatch_batches"]) else None
+    return 4204 if shuffled and (config["num_workers"] or config["dispatch_batches"]) else None
 
 
 def params(key_of):
@@ -60,7 +60,6 @@ def params(key_of):
     marked = []
     for name, config in RESUME_CONFIGS.items():
         key = key_of(config)
-        key = int(key) if key == "4204" else key
         marks = () if key is None else pytest.mark.regression("accelerate", key)
         marked.append(pytest.param(name, id=name, marks=marks))
     return marked
