@@ -19,7 +19,9 @@ not match its patches, or whose commit's test hunks do not apply to the commits 
 before anything is written.
 
 A stage is one pytest process (``sys.executable``, so another venv can run the gate) over every upstream's kit
-suite ``tests/<name>/``, its ``upstream_tests`` and its ``launch`` scripts (scripts/pytest_launch.py), with the
+suite ``tests/<name>/`` (once per code: a stage whose tree holds the same files as an earlier stage's outside the
+test paths reads that stage's results of it, ``kit_stages``), its ``upstream_tests`` and its ``launch`` scripts
+(scripts/pytest_launch.py), with the
 stage's trees first on ``PYTHONPATH``, its own temporary directories and JUnit XML; the stages run side by side, at
 most ``--jobs`` at once (default: the CPU count; ``GATE_JOBS`` in the Makefile), each through scripts/launch.py
 (timeout, stack dumps, nothing left running). Every Python process of a stage records where it imported the
@@ -37,6 +39,7 @@ then the judging says what it does too. Exit status: 0 with no violation, 1 othe
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import platform
@@ -80,7 +83,8 @@ REPORTS = ("report.json", "report.md")
 class Upstream:
     """One upstream to gate: pin, checkout, series, its ``[<name>.gate]`` table (its commits, scripts/stack.py) and
     the release's declared check; the stage plan; then what preparing its stages found (trees by stage name, the
-    commit of each tree, skipped files, problems)."""
+    commit of each tree, the stage whose run of the kit's suite each stage's results are read from, skipped files,
+    problems)."""
 
     pin: sources.Pin
     repo: Path
@@ -96,6 +100,7 @@ class Upstream:
     trees: dict = field(default_factory=dict)
     heads: dict = field(default_factory=dict)
     tree_ids: dict = field(default_factory=dict)
+    kit_stages: dict = field(default_factory=dict)
     skipped: list = field(default_factory=list)
     problems: list = field(default_factory=list)
 
@@ -272,6 +277,25 @@ def prepare(up: Upstream, root: Path) -> None:
     # The stage trees are clones that are deleted afterwards: their commits do not reach the checkout, their tree ids
     # are what make pr compares with the checkout's HEAD
     up.tree_ids = {name: git(up.trees[name], "rev-parse", "HEAD^{tree}").stdout.strip() for name in up.names}
+    up.kit_stages = kit_stages({name: code_id(up.trees[name], up.test_scope()) for name in up.names})
+
+
+def code_id(tree: Path, scope: tuple[str, ...]) -> str:
+    """What the kit's suite of an upstream can see of a stage tree: sha1 of ``git ls-tree -r HEAD`` (mode, blob id
+    and path of each file) without the files under ``scope``, the upstream's test paths and launched scripts, which
+    the kit's suites never import."""
+    listing = git(tree, "ls-tree", "-r", "--full-tree", "HEAD").stdout.splitlines()
+    code = "\n".join(line for line in listing if not line.split("\t", 1)[1].startswith(scope))
+    return hashlib.sha1(code.encode()).hexdigest()
+
+
+def kit_stages(code: dict[str, str]) -> dict[str, str]:
+    """{stage: the first stage, in order, with the same code id (``code_id``)}: the stage that runs the upstream's
+    kit suite for it. After commit k and before commit k+1 of a stack hold the same code when commit k+1 edits test
+    files that exist (two stages, scripts/stack.plan); the kit's suite, whose results depend on that code only, then
+    runs once for both (issue 31: 3 of the 8 runs of the Accelerate suite, about 150 s of the gate's CPU)."""
+    first: dict[str, str] = {}
+    return {stage: first.setdefault(digest, stage) for stage, digest in code.items()}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -293,8 +317,9 @@ def stage_env(ups: list[Upstream], stage: str, stage_dir: Path) -> dict:
 
 
 def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, suites: Path) -> list[str]:
-    """The pytest command line of one stage: every upstream's kit suite, upstream tests and launched scripts (those
-    in the stage's tree: a stack's later commits add some).
+    """The pytest command line of one stage: every upstream's kit suite (unless an earlier stage runs it on the same
+    code, ``kit_stages``), upstream tests and launched scripts (those in the stage's tree: a stack's later commits add
+    some).
 
     Without pytest's ``unraisableexception`` plugin, whose last act is a full garbage collection: on a base (the
     before stages), tests that fail keep DataLoader iterators alive in reference cycles, and collected then, each
@@ -302,7 +327,8 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
     a warning, which the gate does not judge."""
     paths, launches = [], []
     for up in ups:
-        paths.append(str(suites / up.pin.name))
+        if up.kit_stages.get(stage, stage) == stage:
+            paths.append(str(suites / up.pin.name))
         tree = up.trees[stage]
         paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
         launches += ["--launch=" + json.dumps(in_tree(entry, tree)) for entry in up.launches
@@ -589,13 +615,17 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
             continue
         g.stages[name] = {"commit": up.heads.get(name, ""), "tree": up.tree_ids.get(name, ""),
                           "holds": holds(up, stage)}
-        mine = {k: r for k, r in done[name]["results"].items() if k.startswith((kit_prefix, upstream_prefix))}
-        results[name] = mine
+        kit_stage = up.kit_stages.get(name, name)
+        mine = {k: r for k, r in done[name]["results"].items() if k.startswith(upstream_prefix)}
+        kit = {k: r for k, r in done.get(kit_stage, {}).get("results", {}).items() if k.startswith(kit_prefix)}
+        results[name] = {**kit, **mine}
         g.imports[name] = check_imports(up, name, done[name]["records"])
         g.stages[name] |= {"wall_s": done[name]["launch"].seconds, "cpu_s": done[name]["launch"].cpu_s,
-                           "kit_tests_s": seconds(r for k, r in mine.items() if k.startswith(kit_prefix)),
-                           "upstream_tests_s": seconds(r for k, r in mine.items() if not k.startswith(kit_prefix)),
+                           "kit_tests_s": seconds(kit.values()) if kit_stage == name else 0.0,
+                           "upstream_tests_s": seconds(mine.values()),
                            "log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
+        if kit_stage != name:
+            g.stages[name]["kit_results_of"] = kit_stage
     skipped = tuple(up.skipped)
     commits = up.commits or [stack.Commit(1, 1, [], "", [], "no patches")]
     for plan, commit in zip(up.steps, commits, strict=True):

@@ -467,7 +467,8 @@ def stages_markdown(doc: dict) -> list[str]:
     holds: dict[str, list[str]] = {}
     for name, u in doc["upstreams"].items():
         for stage, entry in u["stages"].items():
-            holds.setdefault(stage, []).append(f"{name}: {entry.get('holds', '')}")
+            shared = f" (kit suite: the results of {entry['kit_results_of']})" if "kit_results_of" in entry else ""
+            holds.setdefault(stage, []).append(f"{name}: {entry.get('holds', '')}{shared}")
     if not holds:
         return []
     md = ["| stage | holds | wall (s) | CPU (s) | log | JUnit |", "|---|---|---|---|---|---|"]

@@ -21,8 +21,11 @@ from multiprocessing import connection, resource_tracker
 from scripts import launch
 
 ABORT_EXIT_CODE = 3  # this rank's exit status when one of its scenarios raised
-# What every DataLoader worker started from the forkserver imports (a rank imports them only with its first workers)
-WORKER_MODULES = ("multiprocessing.popen_forkserver", "multiprocessing.queues", "multiprocessing.synchronize")
+# What every DataLoader worker started from the forkserver imports (a rank imports them only with its first workers;
+# numpy.random: torch's worker loop seeds numpy's global RNG, torch/utils/data/_utils/worker.py `np.random.seed`, and
+# imported in each worker it took 13 of the 32 ms of CPU a worker costs, issue 31)
+WORKER_MODULES = ("multiprocessing.popen_forkserver", "multiprocessing.queues", "multiprocessing.synchronize",
+                  "numpy.random")
 
 
 def use_forkserver(preload: list[str]) -> None:

@@ -7,6 +7,7 @@ Segmentation fault" only while the launch was being stopped; see the last test.)
 """
 
 import json
+import os
 import sys
 
 import pytest
@@ -109,7 +110,8 @@ def test_forkserver_is_a_fork_of_the_rank_with_one_thread(tmp_path):
     that already runs a second thread is refused (the fork could copy a lock that thread holds)."""
     script = tmp_path / "rank.py"
     script.write_text(FORKSERVER.format(root=str(KIT_ROOT)))
-    result = launch.run([sys.executable, str(script)], tmp_path / "log", TIMEOUT, cwd=tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as the launches set it: else numpy's OpenBLAS starts threads
+    result = launch.run([sys.executable, str(script)], tmp_path / "log", TIMEOUT, cwd=tmp_path, env=env)
     log = (tmp_path / "log").read_text(errors="replace")
     assert result.returncode == 0, log[-3000:]
     found = json.loads(log.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from scripts import gate, matrix, stack, worktree
+from scripts import gate, grading, matrix, stack, worktree
 from tests.kit.test_gate import commit
 
 KIT_SUITE = '''import pytest
@@ -57,13 +57,17 @@ UP = "upstream/tiny/tests/"
 KIT = "suites/tiny/test_tiny_kit.py::"
 
 
-def make_stack(kit, second_fix: bool = True, third_breaks_first: bool = False) -> None:
-    """Commit the three commits in the tiny checkout and export them; the checkout is left on its base."""
+def make_stack(kit, second_fix: bool = True, third_breaks_first: bool = False, second_edits_first_test: bool = False
+               ) -> None:
+    """Commit the three commits in the tiny checkout and export them; the checkout is left on its base.
+    ``second_edits_first_test``: commit 2 also adds a test to tests/test_fixed.py, which commit 1 added."""
     assert kit.run("apply")[0] == 0
     init = kit.repo / "tiny" / "__init__.py"
+    more = {"tests/test_more.py": TEST_MORE}
+    if second_edits_first_test:
+        more["tests/test_fixed.py"] = TEST_FIXED + "\n\ndef test_value_is_not_one():\n    assert tiny.VALUE != 1\n"
     steps = [("VALUE = 2\n", {"tests/test_fixed.py": TEST_FIXED}, "Set VALUE to 2\n\nFixes #1"),
-             ("VALUE = 2\nMORE = 3\n" if second_fix else "VALUE = 2\n", {"tests/test_more.py": TEST_MORE},
-              "Add MORE\n\nA follow-up."),
+             ("VALUE = 2\nMORE = 3\n" if second_fix else "VALUE = 2\n", more, "Add MORE\n\nA follow-up."),
              (f"VALUE = {5 if third_breaks_first else 2}\nMORE = 3\nTHIRD = 4\n" if second_fix else
               f"VALUE = {5 if third_breaks_first else 2}\nTHIRD = 4\n", {"tests/test_third.py": TEST_THIRD},
               "Add THIRD\n\nFixes #3")]
@@ -121,6 +125,29 @@ def test_a_good_stack_passes_step_by_step_in_n_plus_one_stages(kit, capsys):
     for step in tiny["steps"]:
         assert (f"    {step['commit']}/3 {step['subject']}: FAIL_TO_PASS {len(step['FAIL_TO_PASS'])}, PASS_TO_PASS "
                 f"{len(step['PASS_TO_PASS'])}, violations 0") in out
+
+
+def test_after_k_and_before_k_plus_1_of_the_same_code_run_the_kit_suite_once(kit, capsys):
+    """Commit 2 edits the test file of commit 1: after 1 and before 2 are two stages, which hold the same code outside
+    the test paths. The kit's suite runs in the first of them only, and both steps read its results there (issue 31);
+    the stages of other code each run it."""
+    make_stack(kit, second_edits_first_test=True)
+    code, report, out, err = run(kit, capsys)
+    assert code == 0, out + err
+    tiny = report["upstreams"]["tiny"]
+    assert list(tiny["stages"]) == [f"stage-{i}" for i in range(5)]
+    ran = [stage for stage in tiny["stages"] if any(
+        key.startswith(KIT) for key in grading.read_junit(kit.root / "out" / stage / "junit.xml"))]
+    assert ran == ["stage-0", "stage-1", "stage-3", "stage-4"]
+    assert tiny["stages"]["stage-2"]["kit_results_of"] == "stage-1"
+    assert all("kit_results_of" not in tiny["stages"][stage] for stage in ran)
+    one, two, three = tiny["steps"]
+    assert (one["stages"], two["stages"]) == ({"before": "stage-0", "after": "stage-1"},
+                                              {"before": "stage-2", "after": "stage-3"})
+    assert two["FAIL_TO_PASS"] == [f"{KIT}test_more", f"{UP}test_more.py::test_more_is_three"]  # kit: of stage-1
+    assert set(two["PASS_TO_PASS"]) >= {f"{KIT}test_value_is_fixed", f"{UP}test_fixed.py::test_value_is_not_one"}
+    assert "tiny: the base + commits 1..1 + the test hunks of commit 2 (kit suite: the results of stage-1)" in (
+        kit.root / "out" / "report.md").read_text()
 
 
 def test_a_stack_whose_second_fix_is_removed_fails_at_step_2_only(kit, capsys):
