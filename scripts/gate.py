@@ -324,7 +324,8 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
     Without pytest's ``unraisableexception`` plugin, whose last act is a full garbage collection: on a base (the
     before stages), tests that fail keep DataLoader iterators alive in reference cycles, and collected then, each
     waits torch's 5 s for every worker before it kills it (about 30 s of a stage). Such an exception only ever makes
-    a warning, which the gate does not judge."""
+    a warning, which the gate does not judge. Without anyio's plugin, as the kit's pyproject.toml says (the stages of
+    the kit's own tests run outside the kit's root)."""
     paths, launches = [], []
     for up in ups:
         if up.kit_stages.get(stage, stage) == stage:
@@ -333,7 +334,7 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
         paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
         launches += ["--launch=" + json.dumps(in_tree(entry, tree)) for entry in up.launches
                      if sources.launched_file(entry) not in up.skipped and sources.launched_in(entry, tree)]
-    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:unraisableexception",
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:anyio",
             "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
