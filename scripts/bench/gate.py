@@ -107,7 +107,8 @@ def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
         for name, up in report["upstreams"].items():
             for stage, entry in up["stages"].items():
                 figures = record["stages"].setdefault(stage, {"wall_s": entry["wall_s"], "cpu_s": entry.get("cpu_s")})
-                figures[f"{name} kit tests"] = entry.get("kit_tests_s", 0.0)
+                if "kit_results_of" not in entry:  # else the stage ran no kit suite of it: "-" in the table
+                    figures[f"{name} kit tests"] = entry.get("kit_tests_s", 0.0)
                 figures[f"{name} upstream tests"] = entry.get("upstream_tests_s", 0.0)
     if record["verdict"] is None:
         raise BenchError(f"the gate wrote no report (exit status {run.returncode}); log {run.log}:\n{run.tail()}")
@@ -231,7 +232,8 @@ def bench_cold_apply(args: argparse.Namespace) -> dict:
 
 def stages_table(stages: dict) -> list[str]:
     """A table of per-stage figures {stage: {label: s}} (wall time first); a stage without a label's figure (a stage
-    of a stack in which only one upstream runs) shows "-" there."""
+    of a stack in which only one upstream runs, or one that reads an upstream's kit suite from an earlier stage of the
+    same code) shows "-" there."""
     labels = list(dict.fromkeys(label for figures in stages.values() for label in figures
                                 if label not in ("wall_s", "cpu_s")))
     md = ["| stage | pytest wall s | pytest CPU s | " + " | ".join(f"{label} s" for label in labels) +
