@@ -19,12 +19,12 @@ not match its patches, or whose commit's test hunks do not apply to the commits 
 before anything is written.
 
 A stage is one pytest process (``sys.executable``, so another venv can run the gate) over every upstream's kit
-suite ``tests/<name>/`` (once per code: a stage whose tree holds the same files as an earlier stage's outside the
-test paths reads that stage's results of it, ``kit_stages``), its ``upstream_tests`` and its ``launch`` scripts
-(scripts/pytest_launch.py), with the
-stage's trees first on ``PYTHONPATH``, its own temporary directories and JUnit XML; the stages run side by side, at
-most ``--jobs`` at once (default: the CPU count; ``GATE_JOBS`` in the Makefile), each through scripts/launch.py
-(timeout, stack dumps, nothing left running). Every Python process of a stage records where it imported the
+suite ``tests/<name>/`` (run once per code: a stage whose tree holds the same files as an earlier stage's outside the
+test paths and launched scripts collects it but deselects it, and reads that stage's results, ``kit_stages``), its
+``upstream_tests`` and its ``launch`` scripts (scripts/pytest_launch.py), with the stage's trees first on
+``PYTHONPATH``, its own temporary directories and JUnit XML; the stages run side by side, at most ``--jobs`` at once
+(default: the CPU count; ``GATE_JOBS`` in the Makefile), each through scripts/launch.py (timeout, stack dumps,
+nothing left running). Every Python process of a stage records where it imported the
 upstreams from (scripts/launch_site/sitecustomize.py); a module from outside the stage's tree is a violation.
 scripts/grading.py judges FAIL_TO_PASS / PASS_TO_PASS and writes the report: ``<out>/report.{json,md}``, a log
 excerpt per violating test in ``<out>/excerpts/``, the stack dumps of timed-out launches in ``<out>/stacks/``, and
@@ -281,11 +281,12 @@ def prepare(up: Upstream, root: Path) -> None:
 
 
 def code_id(tree: Path, scope: tuple[str, ...]) -> str:
-    """What the kit's suite of an upstream can see of a stage tree: sha1 of ``git ls-tree -r HEAD`` (mode, blob id
+    """What the kit's suite of an upstream can see of a stage tree: sha1 of ``git ls-tree -r -z HEAD`` (mode, blob id
     and path of each file) without the files under ``scope``, the upstream's test paths and launched scripts, which
-    the kit's suites never import."""
-    listing = git(tree, "ls-tree", "-r", "--full-tree", "HEAD").stdout.splitlines()
-    code = "\n".join(line for line in listing if not line.split("\t", 1)[1].startswith(scope))
+    the kit's suites never import. (The other upstream's tree, also on the stage's PYTHONPATH, is not part of it:
+    neither kit suite imports the other upstream, as the stages' import records show.)"""
+    listing = git(tree, "ls-tree", "-r", "-z", "--full-tree", "HEAD").stdout.split("\0")
+    code = "\0".join(entry for entry in listing if entry and not entry.split("\t", 1)[1].startswith(scope))
     return hashlib.sha1(code.encode()).hexdigest()
 
 
@@ -317,19 +318,21 @@ def stage_env(ups: list[Upstream], stage: str, stage_dir: Path) -> dict:
 
 
 def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, suites: Path) -> list[str]:
-    """The pytest command line of one stage: every upstream's kit suite (unless an earlier stage runs it on the same
-    code, ``kit_stages``), upstream tests and launched scripts (those in the stage's tree: a stack's later commits add
-    some).
+    """The pytest command line of one stage: every upstream's kit suite, upstream tests and launched scripts (those
+    in the stage's tree: a stack's later commits add some). A kit suite that an earlier stage runs on the same code
+    (``kit_stages``) is collected and deselected (``--deselect``): the stage's process loads its conftest.py and
+    imports its modules as the others do, and runs none of its tests.
 
     Without pytest's ``unraisableexception`` plugin, whose last act is a full garbage collection: on a base (the
     before stages), tests that fail keep DataLoader iterators alive in reference cycles, and collected then, each
     waits torch's 5 s for every worker before it kills it (about 30 s of a stage). Such an exception only ever makes
     a warning, which the gate does not judge. Without anyio's plugin, as the kit's pyproject.toml says (the stages of
     the kit's own tests run outside the kit's root)."""
-    paths, launches = [], []
+    paths, launches, deselect = [], [], []
     for up in ups:
-        if up.kit_stages.get(stage, stage) == stage:
-            paths.append(str(suites / up.pin.name))
+        paths.append(str(suites / up.pin.name))
+        if up.kit_stages.get(stage, stage) != stage:
+            deselect.append(f"--deselect={os.path.relpath(suites / up.pin.name, root)}/")
         tree = up.trees[stage]
         paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
         launches += ["--launch=" + json.dumps(in_tree(entry, tree)) for entry in up.launches
@@ -340,7 +343,7 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
             "-p", "scripts.pytest_regression", "-p", "scripts.pytest_launch", f"--launch-logs={stage_dir / 'launch'}",
             "-p", "scripts.pytest_progress", f"--progress-file={stage_dir / 'progress'}",
             f"--progress-expect={stage_dir / 'expected.json'}",
-            f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *launches, *paths]
+            f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *deselect, *launches, *paths]
 
 
 def in_tree(entry: dict, tree: Path) -> dict:
@@ -610,7 +613,7 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
                          series_id=stack.series_id(series.patch_files(up.patch_dir)))
     stacked = len(up.commits) > 1
     g.keys = {commit.key for commit in up.commits} if stacked else set()
-    results = {}
+    results, shared = {}, []
     for stage, name in zip(up.stages, up.names, strict=True):
         if name not in done:
             continue
@@ -622,11 +625,15 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
         results[name] = {**kit, **mine}
         g.imports[name] = check_imports(up, name, done[name]["records"])
         g.stages[name] |= {"wall_s": done[name]["launch"].seconds, "cpu_s": done[name]["launch"].cpu_s,
-                           "kit_tests_s": seconds(kit.values()) if kit_stage == name else 0.0,
                            "upstream_tests_s": seconds(mine.values()),
                            "log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
-        if kit_stage != name:
+        if kit_stage == name:
+            g.stages[name]["kit_tests_s"] = seconds(kit.values())
+        else:
             g.stages[name]["kit_results_of"] = kit_stage
+            if kit_stage in done and done[kit_stage]["launch"].timed_out:
+                shared.append(f"{up.pin.name}: the {name} stage reads its kit tests' results from the {kit_stage} "
+                              "stage, which timed out")
     skipped = tuple(up.skipped)
     commits = up.commits or [stack.Commit(1, 1, [], "", [], "no patches")]
     for plan, commit in zip(up.steps, commits, strict=True):
@@ -640,7 +647,7 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
             results.get(after, {}),
             {f"{upstream_prefix}{key}" for key in commit.fail_to_pass if not key.startswith(skipped)},
             {"before": before, "after": after}))
-    g.problems = up.problems
+    g.problems = up.problems + shared
     return g
 
 

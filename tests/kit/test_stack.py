@@ -130,7 +130,8 @@ def test_a_good_stack_passes_step_by_step_in_n_plus_one_stages(kit, capsys):
 def test_after_k_and_before_k_plus_1_of_the_same_code_run_the_kit_suite_once(kit, capsys):
     """Commit 2 edits the test file of commit 1: after 1 and before 2 are two stages, which hold the same code outside
     the test paths. The kit's suite runs in the first of them only, and both steps read its results there (issue 31);
-    the stages of other code each run it."""
+    the second collects it (its conftest.py loads as in every stage) and deselects it; the stages of other code each
+    run it."""
     make_stack(kit, second_edits_first_test=True)
     code, report, out, err = run(kit, capsys)
     assert code == 0, out + err
@@ -139,7 +140,8 @@ def test_after_k_and_before_k_plus_1_of_the_same_code_run_the_kit_suite_once(kit
     ran = [stage for stage in tiny["stages"] if any(
         key.startswith(KIT) for key in grading.read_junit(kit.root / "out" / stage / "junit.xml"))]
     assert ran == ["stage-0", "stage-1", "stage-3", "stage-4"]
-    assert tiny["stages"]["stage-2"]["kit_results_of"] == "stage-1"
+    assert tiny["stages"]["stage-2"]["kit_results_of"] == "stage-1" and "kit_tests_s" not in tiny["stages"]["stage-2"]
+    assert "4 deselected" in (kit.root / "out" / "stage-2" / "pytest.log").read_text()
     assert all("kit_results_of" not in tiny["stages"][stage] for stage in ran)
     one, two, three = tiny["steps"]
     assert (one["stages"], two["stages"]) == ({"before": "stage-0", "after": "stage-1"},
