@@ -8,9 +8,9 @@ progress lines ("creating numpy buffer of mmap...") on every load, about 1,400 i
 A process forked from the test process (the DataLoader workers of the one-process tests with ``num_workers > 0``)
 first moves what it inherited out of the garbage collector's sight (``gc.freeze``): a collection there would
 otherwise write to, and so copy, every page of the test process's heap (1.4 s of CPU in ``test_io_workers.py``'s
-314 workers, issue 31). The worker frees what it makes itself as before. ``numpy.random`` is imported here once:
-torch's worker loop seeds numpy's global RNG (torch/utils/data/_utils/worker.py), and each worker imported it again
-(13 ms of CPU a worker).
+314 workers, issue 31). The worker frees what it makes itself as before. What every DataLoader worker imports
+(``tests.rank_worker.WORKER_MODULES``: ``numpy.random``, 13 ms of CPU a worker) is imported here once, as in the
+launched ranks' forkservers.
 """
 
 import gc
@@ -20,8 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy.random  # noqa: F401  (see above)
 import pytest
+
+from tests.rank_worker import WORKER_MODULES
 
 pytest_plugins = ["scripts.pytest_regression"]
 
@@ -31,6 +32,8 @@ CHECKOUTS = pytest.StashKey[dict]()
 VERDICT = pytest.StashKey[str]()
 
 os.register_at_fork(after_in_child=gc.freeze)
+for _module in WORKER_MODULES:
+    importlib.import_module(_module)
 
 
 def checkout_of(package: str) -> Path | None:

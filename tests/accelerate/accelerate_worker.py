@@ -14,7 +14,6 @@ import copy
 import functools
 import glob
 import hashlib
-import multiprocessing.forkserver
 import os
 import random
 import sys
@@ -644,7 +643,6 @@ def main():
     out_dir, wanted = sys.argv[1], sys.argv[2:] or list(SCENARIOS)
     # the modules this script imports; the forkserver starts now, so that live_children() counts workers only
     use_forkserver(["torch", "torchdata.stateful_dataloader", "accelerate", "psutil", "tests.rank_worker"])
-    multiprocessing.forkserver.ensure_running()
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
 

@@ -53,11 +53,12 @@ def _launch(out_dir, nproc):
     saves the launcher's own interpreter and torch import, 1.3 s of CPU (issue 31).
     """
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER)]
     if nproc == 1:
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT="0")
         cmd = [sys.executable, str(WORKER)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(WORKER)]
     result = launch.run(
         [*cmd, str(out_dir), *LAUNCHES[nproc]], out_dir / "launch.log", LAUNCH_TIMEOUT, cwd=out_dir, env=env
     )
