@@ -41,12 +41,15 @@ KEEP_CONFLICT ?=
 INDEX_JSON ?= https://pypi.org/pypi
 DEFAULT ?=
 
+# `make flows FULL=1`: every triple of factor levels, not every pair (README, "The flow table").
+FULL ?=
+
 # `make pr DRAFT=1` writes the bodies even where they still say `Fixes #<...>` (an issue not filed yet), to read.
 DRAFT ?=
 
 # Boolean variables take 1, yes or true, or 0, no or false (empty: the default); anything else stops make here,
 # before anything runs (issue 22: DISCARD=0 used to mean yes).
-BOOLEANS := RESIGN DISCARD DEPS DRAFT KEEP_CONFLICT DEFAULT
+BOOLEANS := RESIGN DISCARD DEPS DRAFT KEEP_CONFLICT DEFAULT FULL
 $(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
   $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
 is_yes = $(filter 1 yes true,$(1))
@@ -71,7 +74,7 @@ $(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES
 # shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
 # PYTEST_ARGS was silently ignored by make gate).
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
 ABOUT_TOOLS := the venv of the upstreams' style tools
@@ -111,6 +114,8 @@ ABOUT_RESIGN := 1: first sign the series as you (git's user.name and user.email)
 READ_BY_RESIGN := export
 ABOUT_DISCARD := 1: drop commits in a checkout that patches/ does not hold
 READ_BY_DISCARD := unapply
+ABOUT_FULL := 1: every triple of factor levels, not every pair
+READ_BY_FULL := flows
 ABOUT_DRAFT := 1: write bodies that still say Fixes \#<...>, to read
 READ_BY_DRAFT := pr
 ABOUT_KIT_URL := the kit's public URL in the bodies (default: git remote get-url origin)
@@ -159,7 +164,7 @@ INSTALL = $(call SAY,installing the checkouts editable into $(VENV) and compilin
 	install $(UPSTREAM_ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate stress bench lint matrix lock pr clean \
+.PHONY: help venv tools upstream apply unapply export test gate flows stress bench lint matrix lock pr clean \
 	check-python need-venv lint-ready apply-ready outdated pin
 
 help: ## list the targets and variables
@@ -168,7 +173,7 @@ help: ## list the targets and variables
 	@echo "Variables (make TARGET NAME=value; the value now, what it means, [the targets that read it]):"
 	@$(foreach v,$(KNOWN),printf '  %-36s %s\n' $(call quote,$(v)=$($(v))) \
 	  $(call quote,$(ABOUT_$(v))$(if $(READ_BY_$(v)), [$(READ_BY_$(v))]));)
-	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT, KEEP_CONFLICT, DEFAULT) take 1, yes or true, or 0, no or false."
+	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT, KEEP_CONFLICT, DEFAULT, FULL) take 1, yes or true, or 0, no or false."
 
 # A target the kit does not have (make gaet): one line naming the closest one and pointing at make help.
 .DEFAULT:
@@ -232,6 +237,10 @@ gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by s
 	@$(NEED_VENV)
 	@$(LOCK) $(PY) -m scripts.gate $(VERSIONS) \
 	  --jobs $(GATE_JOBS)
+
+flows: need-venv ## the flow table: save/restart flows on the release and the series (FULL=1: every triple); build/flows/
+	@$(call SAY,running the flow table (launch logs in build/flows/work/)) $(PY) -m scripts.flows \
+	  $(if $(call is_yes,$(FULL)),--full)
 
 stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
 	@$(NEED_VENV)

@@ -1,0 +1,48 @@
+"""``make flows``: run the flow table of each upstream on its release and its series, and write ``build/flows/``.
+
+Exits 1 when a flow is a regression that ``tests/flows/differences.toml`` does not list, 2 on a usage error or when
+the flows cannot be run (one line saying what to do).
+"""
+
+import json
+import shutil
+import sys
+import time
+
+from scripts import ArgumentParser, KitError
+from scripts import flows as table
+from scripts.flows import judge, report
+from scripts.sources import KIT_ROOT
+
+OUT = KIT_ROOT / "build" / "flows"
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="make flows", description=__doc__)
+    parser.add_argument("--only", choices=sorted(table.KINDS), action="append", help="this upstream only")
+    parser.add_argument("--full", action="store_true", help="every triple of levels, not every pair")
+    parser.add_argument("--jobs", type=int, default=2, help="launches side by side")
+    args = parser.parse_args(argv)
+    unlisted = 0
+    for name in args.only or sorted(table.KINDS):
+        flows = table.selection(name, args.full)
+        work = OUT / "work" / name
+        shutil.rmtree(work, ignore_errors=True)
+        started = time.monotonic()
+        try:
+            rows = table.judged(name, flows, work, parallel=args.jobs)
+        except KitError as e:
+            print(f"error: make flows: {e}", file=sys.stderr)
+            return 2
+        selection = "every triple of levels (strength 3)" if args.full else "every pair of levels (strength 2)"
+        counts = judge.summary(rows)
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"{name}.md").write_text(report.markdown(name, rows, counts, f"{len(rows)}, {selection}"))
+        (OUT / f"{name}.json").write_text(json.dumps(report.document(name, rows, selection), indent=1))
+        print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; build/flows/{name}.md)")
+        unlisted += counts["unlisted_regressions"]
+    return 1 if unlisted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,185 @@
+"""The flow table's factors: the ways a training job saves and restarts, per upstream, and which flows are run.
+
+A flow is one training job that saves and restarts, named by one level of each factor of its upstream (a dict of
+factor name to level, all strings). ``pairwise(name, kind)`` is the fixed covering array ``make test`` runs: every
+pair of levels of two factors that can go together is in at least one flow (covertable's greedy algorithm,
+deterministic); ``covering(name, kind, 3)`` holds every triple of levels (``make flows FULL=1``; every combination,
+``full``, is tens of thousands of flows). Combinations that do not exist are left out by rules, each with the reason
+it cannot happen.
+
+Each upstream has two kinds of flow: ``resume`` flows save and restart; ``order`` flows (reproducibility) run one
+job uninterrupted and compare its order with a reference job the release already reads the same way.
+"""
+
+import hashlib
+import itertools
+
+import covertable
+
+# Accelerate (2-process Gloo). Levels are words a reader of the report understands: FACTOR_WORDS says more.
+ACCELERATE_RESUME = {
+    "saver": ["own-folder", "shared-0-last", "shared-1-last", "main-only", "torch-save", "dcp"],
+    "data": ["shuffled", "sequential", "iterable-generator", "iterable-iterator", "python-random-batches", "weighted"],
+    "loader": ["shard", "dispatcher", "split-batches", "seedable", "skip-first-batches"],
+    "processes": ["2-2", "2-1", "1-2", "2-4", "1-1"],
+    "when": ["first-batch", "mid-epoch", "epoch-end"],
+    "epoch": ["0", "1", "2"],
+    "workers": ["0", "2", "2-persistent"],
+    "seeding": ["one-seed", "per-process", "none", "own-generator"],
+    "training": ["no-rng", "dropout"],
+    "probe": ["none", "state-dict-first"],
+    "versions": ["series", "rollback", "upgrade"],
+}
+ACCELERATE_ORDER = {
+    "data": ["shuffled", "weighted", "iterable-generator", "python-random-batches"],
+    "loader": ["shard", "dispatcher", "seedable"],
+    "processes": ["1", "2"],
+    "workers": ["0", "2"],
+    "seeding": ["one-seed", "per-process", "own-generator"],
+}
+# Flows every selection holds first (the covering array is completed around them): the inputs of ../shared/cases and
+# the flows the issues name, in the table's words; the factors they leave out are chosen by the covering array.
+_C46 = {"saver": "main-only", "data": "shuffled", "loader": "shard", "processes": "2-2", "when": "mid-epoch",
+        "epoch": "0", "seeding": "one-seed", "probe": "none", "versions": "series"}
+ACCELERATE_RESUME_PRESETS = [
+    {**_C46, "workers": "0"},  # c46: save_state() on the main process only, load_state() on every process
+    {**_C46, "workers": "2"},
+    {**_C46, "saver": "shared-1-last", "processes": "2-4", "workers": "0"},  # saved by 2 processes, loaded by 4
+    {**_C46, "saver": "shared-1-last", "workers": "0", "versions": "rollback"},  # saved by the series, loaded by 1.16
+    {**_C46, "saver": "own-folder", "data": "iterable-iterator", "loader": "dispatcher", "when": "first-batch",
+     "workers": "2"},  # an IterableDataset whose __iter__ returns an iterator, a step-0 save_state()
+    {**_C46, "processes": "1-1", "when": "epoch-end", "workers": "0", "training": "dropout"},  # c50: epoch_0
+    {**_C46, "processes": "1-1", "epoch": "1", "workers": "2", "training": "dropout"},  # c50: step_8, in epoch 1
+    {**_C46, "saver": "torch-save", "workers": "2", "probe": "state-dict-first"},  # c11: state_dict() before the load
+    {**_C46, "saver": "dcp", "workers": "2"},  # c41: torch.distributed.checkpoint into a fresh loader
+    {**_C46, "saver": "own-folder", "data": "python-random-batches", "when": "first-batch", "workers": "2"},  # c30
+]
+ACCELERATE_ORDER_PRESETS = [
+    {"data": "shuffled", "loader": "shard", "processes": "1", "workers": "0", "seeding": "one-seed"},  # one seed
+    {"data": "shuffled", "loader": "shard", "processes": "1", "workers": "2", "seeding": "own-generator"},  # c25
+]
+
+FACTOR_WORDS = {
+    "saver": {
+        "own-folder": "every process save_state()s into a folder of its own",
+        "shared-0-last": "every process save_state()s into one folder, process 0 last",
+        "shared-1-last": "every process save_state()s into one folder, process 1 last",
+        "main-only": "only the main process save_state()s (as diffusers' scripts do)",
+        "torch-save": "every process torch.save()s the loader's state_dict() into a file of its own",
+        "dcp": "torch.distributed.checkpoint of the loader's state_dict(), loaded in place",
+    },
+    "data": {
+        "shuffled": "map-style, shuffle=True",
+        "sequential": "map-style, shuffle=False",
+        "iterable-generator": "IterableDataset whose __iter__ is a generator, shuffled per worker",
+        "iterable-iterator": "IterableDataset whose __iter__ returns an iterator, shuffled per worker",
+        "python-random-batches": "a batch_sampler shuffling with Python's random",
+        "weighted": "WeightedRandomSampler (no replacement)",
+    },
+    "loader": {
+        "shard": "DataLoaderShard",
+        "dispatcher": "DataLoaderDispatcher (dispatch_batches=True)",
+        "split-batches": "split_batches=True",
+        "seedable": "use_seedable_sampler=True",
+        "skip-first-batches": "no stateful loader: load_state() then skip_first_batches()",
+    },
+    "seeding": {"own-generator": "set_seed(1234) and DataLoader(generator=a seeded torch.Generator)"},
+    "training": {"dropout": "every step draws from torch's RNG"},
+    "probe": {"state-dict-first": "the restarted job asks the loader for its state_dict() before loading"},
+}
+
+
+def _counts(flow):
+    saves, _, loads = flow["processes"].partition("-")
+    return saves, loads or saves
+
+
+# What cannot happen, per kind: (the factors a rule reads, the rule: True for a flow that cannot happen, why).
+ACCELERATE_RESUME_IMPOSSIBLE = [
+    (("saver", "processes"),
+     lambda f: f["saver"] in ("own-folder", "torch-save", "dcp") and len(set(_counts(f))) > 1,
+     "a file or folder of each process is loaded by as many processes as saved it"),
+    (("saver", "processes"), lambda f: f["saver"].startswith("shared-") and _counts(f)[0] == "1",
+     "two writers into one folder need two processes at save"),
+    (("saver", "loader"), lambda f: f["saver"] in ("dcp", "torch-save") and f["loader"] == "skip-first-batches",
+     "skip_first_batches is the resume of a save_state() without a stateful loader"),
+    (("probe", "loader"), lambda f: f["probe"] != "none" and f["loader"] == "skip-first-batches",
+     "a loader that is not stateful has no state_dict()"),
+    (("loader", "data"), lambda f: f["loader"] == "seedable" and f["data"] != "shuffled",
+     "use_seedable_sampler replaces a RandomSampler: only a shuffled map-style loader has one"),
+    (("when", "epoch"), lambda f: f["when"] == "first-batch" and f["epoch"] != "0",
+     "a checkpoint before the first batch of epoch e > 0 is the checkpoint at the end of epoch e - 1"),
+    (("seeding", "data"), lambda f: f["seeding"] == "own-generator" and f["data"] not in ("shuffled", "sequential",
+                                                                                        "weighted"),
+     "a DataLoader's generator= is drawn from by its sampler; other data draw from the global RNG"),
+]
+ACCELERATE_ORDER_IMPOSSIBLE = [ACCELERATE_RESUME_IMPOSSIBLE[4], ACCELERATE_RESUME_IMPOSSIBLE[6]]
+
+UPSTREAMS = {
+    ("accelerate", "resume"): (ACCELERATE_RESUME, ACCELERATE_RESUME_IMPOSSIBLE, ACCELERATE_RESUME_PRESETS),
+    ("accelerate", "order"): (ACCELERATE_ORDER, ACCELERATE_ORDER_IMPOSSIBLE, ACCELERATE_ORDER_PRESETS),
+}
+
+
+def register(upstream: str, kind: str, factors: dict, impossible: list[tuple], presets: list[dict]) -> None:
+    """Add the factors of one kind of flow of an upstream, its rules of what cannot happen and its preset flows (as
+    above)."""
+    UPSTREAMS[(upstream, kind)] = (factors, impossible, presets)
+
+
+def possible(upstream: str, kind: str, flow: dict) -> bool:
+    """False for a flow that one of its kind's rules says cannot happen."""
+    return not any(rule(flow) for _, rule, _ in UPSTREAMS[(upstream, kind)][1])
+
+
+def flow_id(upstream: str, kind: str, flow: dict) -> str:
+    """A short name of a flow that depends only on its factors: ``<upstream>-<kind>-<sha1 of the factors, 8 hex>``."""
+    text = " ".join(f"{k}={flow[k]}" for k in sorted(flow))
+    return f"{upstream}-{kind}-{hashlib.sha1(text.encode()).hexdigest()[:8]}"
+
+
+def _named(upstream: str, kind: str, combos, names) -> list[dict]:
+    flows = [dict(zip(names, combo, strict=True)) for combo in combos]
+    return [{"id": flow_id(upstream, kind, flow), "upstream": upstream, "kind": kind, "factors": flow}
+            for flow in flows]
+
+
+def covering(upstream: str, kind: str, strength: int = 2) -> list[dict]:
+    """The covering array of one kind of flow: every possible combination of ``strength`` levels (of as many factors)
+    in at least one flow, in a fixed order, the kind's presets first; ``strength=2`` is the pairwise set ``make test``
+    runs.
+
+    Returns a list of ``{"id", "upstream", "kind", "factors"}``. covertable builds it greedily with its ``hash``
+    sorter (no randomness: the same factors give the same flows) under the kind's rules, and raises when a
+    combination that can happen is left uncovered.
+    """
+    factors, impossible, presets = UPSTREAMS[(upstream, kind)]
+    constraints = [{"operator": "fn", "requires": list(keys), "evaluate": lambda row, rule=rule: not rule(row)}
+                   for keys, rule, _ in impossible]
+    rows = covertable.make(factors, strength=strength, constraints=constraints, presets=presets)
+    names = list(factors)
+    return _named(upstream, kind, [[row[n] for n in names] for row in rows], names)
+
+
+def pairwise(upstream: str, kind: str) -> list[dict]:
+    """The pairwise covering array of one kind of flow (``covering`` with strength 2)."""
+    return covering(upstream, kind, 2)
+
+
+def full(upstream: str, kind: str) -> list[dict]:
+    """Every possible combination of one kind of flow's levels (``make flows FULL=1``)."""
+    factors = UPSTREAMS[(upstream, kind)][0]
+    names = list(factors)
+    combos = [c for c in itertools.product(*factors.values())
+              if possible(upstream, kind, dict(zip(names, c, strict=True)))]
+    return _named(upstream, kind, combos, names)
+
+
+def uncovered_pairs(upstream: str, kind: str, flows: list[dict]) -> list[tuple]:
+    """The pairs of levels that can go together (some possible flow holds them) but no flow of ``flows`` holds."""
+    wanted, held = set(), set()
+    for source, into in ((full(upstream, kind), wanted), (flows, held)):
+        for flow in source:
+            items = sorted(flow["factors"].items())
+            into.update(itertools.combinations(items, 2))
+    return sorted(wanted - held)

@@ -1,0 +1,45 @@
+"""The flow table's report: ``build/flows/<name>.md`` and ``.json``, pure functions of the judged rows."""
+
+from scripts.flows import judge
+
+VERDICT_WORDS = {"regression": "**regression**", "fixed": "fixed", "same": ""}
+
+
+def summary_line(name: str, counts: dict) -> str:
+    """One line per upstream, as the gate's report and the PR bodies cite it."""
+    listed = counts["regressions"] - counts["unlisted_regressions"]
+    return (f"{name}: of {counts['flows']} flows the release resumes {counts['release_exact']} exactly, the series "
+            f"{counts['series_exact']}; regressions {counts['regressions']} ({listed} listed as known or accepted, "
+            f"{counts['unlisted_regressions']} not), fixed {counts['fixed']}")
+
+
+def _factors(factors: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in factors.items())
+
+
+def _cell(outcome: str, detail: str) -> str:
+    detail = detail.replace("|", "\\|")
+    return f"{outcome}: {detail[:300]}" if detail else outcome
+
+
+def markdown(name: str, rows: list[dict], counts: dict, selection: str) -> str:
+    """The report of one upstream's flows: the summary line first, then one row per flow (regressions first)."""
+    lines = [f"# Flow table: {name}", "", summary_line(name, counts), "",
+             f"Flows: {selection}. Outcomes (best first): exact, error (a clear refusal before any batch), wrong, "
+             "uneven (processes read different numbers of batches: a DDP job hangs), hang, crash. A regression is a "
+             "flow the series handles worse than the release; `listed` gives the reason it is known or accepted.", "",
+             "| flow | factors | release | series | verdict | listed |", "|---|---|---|---|---|---|"]
+    order = {"regression": 0, "fixed": 1, "same": 2}
+    for row in sorted(rows, key=lambda r: (order[r["verdict"]], r["id"])):
+        release, series = _cell(row["release"], row["release_detail"]), _cell(row["series"], row["series_detail"])
+        lines.append(f"| {row['id']} | {row['kind']}: {_factors(row['factors'])} | {release} | {series} | "
+                     f"{VERDICT_WORDS[row['verdict']]} | {row['listed']} |")
+    outcomes = counts["outcomes"]
+    lines += ["", "Outcomes: " + "; ".join(f"{c}: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes[c].items()))
+                                         for c in ("release", "series")), ""]
+    return "\n".join(lines)
+
+
+def document(name: str, rows: list[dict], selection: str) -> dict:
+    """The JSON report of one upstream's flows."""
+    return {"upstream": name, "selection": selection, "summary": judge.summary(rows), "flows": rows}

@@ -1,0 +1,152 @@
+"""Run flows of the flow table: each on the release and on the series, as real launches of the upstream's job script.
+
+A flow has two columns. The ``release`` column runs the pristine release's code at save and at load; the ``series``
+column runs the series (the upstream as this Python imports it: the kit's checkout, or a gate stage's tree) at both,
+except where the flow's ``versions`` factor says ``rollback`` (saved by the series, loaded by the release) or
+``upgrade`` (saved by the release, loaded by the series). The release's code is a tree of ``base/<version>`` of the
+kit's checkout (``scripts/worktree.py``), put first on ``PYTHONPATH`` of its launches.
+
+Tasks are run in two phases of launches, each launch one code and one process count: first every ``save`` and
+``order`` task, then every ``load`` task (its checkpoint folder written in the first phase). The launches of a phase
+run side by side. A launch that ends early (a task hung or crashed, see the job scripts) leaves the task it was at
+recorded; its later tasks are launched again.
+"""
+
+import importlib.metadata
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from scripts import launch, worktree
+from scripts.git import rev
+
+KIT = Path(__file__).resolve().parents[2]
+JOBS = {"accelerate": KIT / "tests" / "flows" / "accelerate_job.py", "deepspeed": KIT / "tests" / "flows" /
+        "deepspeed_job.py"}
+LAUNCH_TIMEOUT = 900  # seconds for one launch; a task that hangs ends its launch after the job's TASK_TIMEOUT
+ROUNDS = 12  # launches of one group at most (each after a task that ended its launch)
+
+
+def codes(column: str, versions: str) -> tuple[str, str]:
+    """The code that saves and the code that loads in one column of a flow whose ``versions`` factor is ``versions``
+    (``series``, ``rollback``, ``upgrade``; a flow without the factor: ``series``)."""
+    if column == "release":
+        return "release", "release"
+    return {"series": ("series", "series"), "rollback": ("series", "release"),
+            "upgrade": ("release", "series")}[versions]
+
+
+def processes(flow: dict) -> tuple[int, int]:
+    """Processes (or data-parallel ranks) at save and at load: ``"2-4"`` is (2, 4), ``"1"`` is (1, 1)."""
+    levels = flow["factors"].get("processes", flow["factors"].get("ranks", "1"))
+    save, _, load = levels.partition("-")
+    return int(save), int(load or save)
+
+
+def tasks_of(flow: dict, work: Path) -> list[dict]:
+    """The tasks of one flow's two columns: ``(phase, code, nproc, task)`` tuples; ``task`` as the job scripts read
+    it."""
+    out = []
+    save_n, load_n = processes(flow)
+    for column in ("release", "series"):
+        save_code, load_code = codes(column, flow["factors"].get("versions", "series"))
+        base = {"flow": flow["id"], "column": column, "factors": flow["factors"],
+                "folder": str(work / "checkpoints" / f"{flow['id']}.{column}")}
+        if flow["kind"] in ("order", "release-order"):
+            out.append((1, save_code, save_n, {**base, "part": "order"}))
+        else:
+            out.append((1, save_code, save_n, {**base, "part": "save"}))
+            out.append((2, load_code, load_n, {**base, "part": "load"}))
+    return out
+
+
+def release_tree(name: str, work: Path) -> Path:
+    """A tree of the pristine release of upstream ``name`` that this Python has installed, under ``work``; returns
+    the directory to put on ``PYTHONPATH``. Raises KitError (scripts.git) when the kit's checkout has no
+    ``base/<version>`` of it (``make apply`` makes it)."""
+    version = importlib.metadata.version(name).split("+")[0]
+    repo = KIT / "upstream" / name
+    tree = worktree.add(repo, work / f"{name}-{version}", rev(repo, f"base/{version}"))
+    return worktree.package_dir(tree, name)
+
+
+def records(out: Path, task: dict, nproc: int) -> list[dict | None]:
+    """Every rank's record of a task (None where a rank wrote none)."""
+    found = []
+    for rank in range(nproc):
+        path = out / f"{task['flow']}.{task['column']}.{task['part']}.rank{rank}.json"
+        found.append(json.loads(path.read_text()) if path.exists() else None)
+    return found
+
+
+def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print) -> dict:
+    """Run ``flows`` of upstream ``name`` in ``work``; return ``{(flow id, column): {part: [rank records]}}``.
+
+    A rank that wrote no record of a task is None in its list, the launch's summary beside it (``launch``).
+    Raises KitError when the release's tree cannot be made; OSError when ``work`` cannot be written.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    pythonpath = {"series": os.environ.get("PYTHONPATH", ""), "release": ""}
+    tree = release_tree(name, work / "trees")
+    pythonpath["release"] = os.pathsep.join(p for p in (str(tree), pythonpath["series"]) if p)
+    out = work / "records"
+    out.mkdir(exist_ok=True)
+    planned = [t for flow in flows for t in tasks_of(flow, work)]
+    results = defaultdict(dict)
+    for phase in (1, 2):
+        groups = defaultdict(list)
+        for task_phase, code, nproc, task in planned:
+            if task_phase == phase:
+                groups[(code, nproc)].append(task)
+        _run_phase(name, phase, groups, out, pythonpath, parallel, say)
+        for (_, nproc), tasks in groups.items():
+            for task in tasks:
+                results[(task["flow"], task["column"])][task["part"]] = records(out, task, nproc)
+    return dict(results)
+
+
+def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
+    """Launch every group of one phase side by side, again for the tasks after one that ended a launch."""
+    pending = {key: list(tasks) for key, tasks in groups.items()}
+    for round_ in range(ROUNDS):
+        pending = {key: tasks for key, tasks in pending.items() if tasks}
+        if not pending:
+            return
+        jobs, keys = [], list(pending)
+        for code, nproc in keys:
+            tag = f"{name}-phase{phase}-{code}-x{nproc}-{round_}"
+            plan = out.parent / f"plan-{tag}.json"
+            plan.write_text(json.dumps({"out": str(out), "tasks": pending[(code, nproc)]}))
+            env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+            env.update(OMP_NUM_THREADS="1", PYTHONPATH=pythonpath[code], DS_ACCELERATOR="cpu")
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+                       str(JOBS[name]), str(plan)]
+            jobs.append(launch.Job(command, out.parent / "logs" / f"{tag}.log", LAUNCH_TIMEOUT, cwd=out.parent,
+                                   env=env))
+        sizes = ", ".join(f"{c} x{n}: {len(pending[(c, n)])} tasks" for c, n in keys)
+        say(f"flows: {name}: phase {phase}, round {round_ + 1}: launching {len(jobs)} ({sizes})")
+        launches = launch.run_all(jobs, parallel)
+        say(f"flows: {name}: " + ", ".join(f"{c} x{n}: {r.seconds:.0f} s, {r.cpu_s or 0:.0f} s CPU"
+                                           for (c, n), r in zip(keys, launches, strict=True)))
+        for key, result in zip(keys, launches, strict=True):
+            tasks, nproc = pending[key], key[1]
+            done = 0
+            while done < len(tasks) and all(r is not None for r in records(out, tasks[done], nproc)):
+                done += 1
+            if done < len(tasks):  # the task that ended the launch
+                _record_missing(out, tasks[done], nproc, result)
+                done += 1
+            pending[key] = tasks[done:]
+
+
+def _record_missing(out, task, nproc, result):
+    """Write a record for every rank of ``task`` that wrote none: ``hang`` when the launch timed out, else ``crash``
+    with the launch's exit status and the tail of its log."""
+    for rank in range(nproc):
+        path = out / f"{task['flow']}.{task['column']}.{task['part']}.rank{rank}.json"
+        if not path.exists():
+            what = ({"hang": f"the launch timed out after {result.seconds:.0f} s"} if result.timed_out else
+                    {"crash": f"no record; the launch exited {result.returncode}: {result.tail(1500)}"})
+            path.write_text(json.dumps(what))

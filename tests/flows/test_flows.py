@@ -1,0 +1,52 @@
+"""The flow table in the suite: every pairwise flow of each upstream, on its release and on the code under test.
+
+One test per flow. It fails when the flow is a regression (the code under test handles it worse than the release,
+``scripts/flows/judge.py``) that ``tests/flows/differences.toml`` does not list. The flows of an upstream run once per
+pytest session, in launches shared by its tests (``tests/launched.py``); ``make flows`` writes the same table as a
+report.
+"""
+
+import json
+
+import pytest
+
+from scripts import flows as table
+from scripts.flows import judge, report
+from tests.launched import launch_once
+
+UPSTREAMS = sorted(table.KINDS)
+SELECTION = {name: table.selection(name, full=False) for name in UPSTREAMS}
+
+
+def _judged(tmp_path_factory, name):
+    def run(out_dir):
+        rows = table.judged(name, SELECTION[name], out_dir / "work", say=lambda line: None)
+        (out_dir / "rows.json").write_text(json.dumps(rows))
+        return judge.summary(rows)
+
+    out_dir = launch_once(tmp_path_factory, f"flows-{name}", run)
+    return {row["id"]: row for row in json.loads((out_dir / "rows.json").read_text())}
+
+
+@pytest.fixture(scope="session")
+def accelerate_rows(tmp_path_factory):
+    return _judged(tmp_path_factory, "accelerate")
+
+
+def _params(name):
+    return [pytest.param(flow["id"], id=flow["id"], marks=pytest.mark.xdist_group(f"flows-{name}"))
+            for flow in SELECTION[name]]
+
+
+def _check(row):
+    words = report._factors(row["factors"])
+    assert row["verdict"] != "regression" or row["listed"], (
+        f"{row['id']} ({words}) is handled worse by the code under test than by the release: release "
+        f"{row['release']} {row['release_detail']}; under test {row['series']} {row['series_detail']}")
+
+
+@pytest.mark.parametrize("flow", _params("accelerate"))
+def test_accelerate_flow_is_no_worse_than_the_release(accelerate_rows, flow):
+    """The flow resumes on the code under test at least as well as on the release (exact or a clear error where
+    the release is exact or errs; not uneven, hung or crashed where the release is merely wrong)."""
+    _check(accelerate_rows[flow])
