@@ -6,7 +6,9 @@ floor.
 
 - ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench/upstreams.py);
 - ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench/gate.py); ``profile``
-  (``--profile-gate``): where the gate's time goes; ``cold-apply`` (``--cold-apply``): item 5.
+  (``--profile-gate``): where the gate's time goes; ``cold-apply`` (``--cold-apply``): item 5;
+- ``flows`` (``--flows``): ``make test`` with and without the flow table, and ``make flows FULL=1``
+  (scripts/bench/flows.py).
 
 The sides, the measurement processes and the figures are described in scripts/bench/common.py.
 Output: ``build/bench/report.json`` and ``report.md`` (``--out``), logs of every process in ``<out>/logs/``.
@@ -28,12 +30,13 @@ import time
 from pathlib import Path
 
 from scripts import ArgumentParser, KitError, runlock, sources, worktree
+from scripts.bench import flows as bench_flows
 from scripts.bench import gate as bench_gate
 from scripts.bench import targets
 from scripts.bench import upstreams as bench_upstreams
 from scripts.bench.common import make_sides
 
-PARTS = ("accelerate", "deepspeed", "gate", "profile", "cold-apply")
+PARTS = ("accelerate", "deepspeed", "gate", "profile", "cold-apply", "flows")
 # Defaults that keep `make bench` within 5 minutes on 2 shared cores (issue 22); more with --repeat, --inner, --gate
 # and --gate-repeat (the defaults before: 7 repetitions of 5 rounds and 3 of the gate, about 25 minutes).
 REPEAT = 3
@@ -82,7 +85,7 @@ def markdown(doc: dict) -> str:
     md.append("")
     sections = (("accelerate", bench_upstreams.accelerate_markdown), ("deepspeed", bench_upstreams.deepspeed_markdown),
                 ("gate", bench_gate.gate_markdown), ("gate_profile", bench_gate.profile_markdown),
-                ("cold_apply", bench_gate.cold_apply_markdown))
+                ("cold_apply", bench_gate.cold_apply_markdown), ("flows", bench_flows.flows_markdown))
     for key, section in sections:
         if doc.get(key):
             md += section(doc[key])
@@ -110,6 +113,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="Accelerate batch size (default 32)")
     parser.add_argument("--steps", type=int, default=5000, help="timed DeepSpeed sampler micro-batches (default 5000)")
     parser.add_argument("--roundtrips", type=int, default=200, help="state round trips per DeepSpeed process")
+    parser.add_argument("--flows", action="store_true",
+                        help="also make test with and without the flow table, and make flows FULL=1 (slow)")
+    parser.add_argument("--flows-repeat", type=int, default=1, help="make test pairs of --flows (default 1)")
     parser.add_argument("--gate-repeat", type=int, default=GATE_REPEAT,
                         help=f"gate and floor repetitions (default {GATE_REPEAT})")
     parser.add_argument("--cold-apply", type=int, nargs="?", const=1, default=0, metavar="N",
@@ -126,7 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.interrupted = ""  # set by a part that Ctrl-C cut short: where it stopped
     args.patched_from = {n: Path(d) for n, _, d in (p.partition("=") for p in args.patched_from)}
     args.parts = (set(args.only or ("accelerate", "deepspeed")) | ({"gate"} if args.gate else set())
-                  | ({"profile"} if args.profile_gate else set()))
+                  | ({"profile"} if args.profile_gate else set()) | ({"flows"} if args.flows else set()))
     if args.cold_apply:
         args.parts.add("cold-apply")
     args.cold_apply = args.cold_apply or ("cold-apply" in args.parts)
@@ -156,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                  ("deepspeed", "deepspeed", lambda: bench_upstreams.bench_deepspeed(args, sides["deepspeed"])),
                  ("gate", "gate", lambda: bench_gate.bench_gate(args, sides)),
                  ("gate_profile", "profile", lambda: bench_gate.bench_gate_profile(args)),
-                 ("cold_apply", "cold-apply", lambda: bench_gate.bench_cold_apply(args))]
+                 ("cold_apply", "cold-apply", lambda: bench_gate.bench_cold_apply(args)),
+                 ("flows", "flows", lambda: bench_flows.bench_flows(args))]
         for key, part, measure in parts:
             if part in args.parts:
                 try:

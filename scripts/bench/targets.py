@@ -24,6 +24,7 @@ MOST = 99  # repetitions beyond which "would decide it" is reported as "more tha
 PREPARE_SPEEDUP = 20.0
 COST = 1.05  # patched / base of a time: at most 5 % more
 GATE_OVER_F = 3.0
+FLOWS_COST = 1.25  # make test with the pairwise flows / without them, in CPU time: at most a quarter more (issue 39)
 
 
 def decide(values: list[float], bound: float, lower_is_better: bool) -> tuple[str, int | None]:
@@ -103,10 +104,18 @@ def gate_targets(gate: dict) -> list[dict]:
                 decide(values, GATE_OVER_F, lower_is_better=True))]
 
 
+def flows_targets(flows: dict) -> list[dict]:
+    """The target of a ``flows.bench_flows`` result: ``make test``'s CPU with the flows / without, per repetition."""
+    values = [pair["with"]["cpu_s"] / pair["without"]["cpu_s"] for pair in flows["test"]]
+    return [row(f"make test's CPU time with the flow table's pairwise set at most {FLOWS_COST:g}x without it",
+                f"{spread(values, 2)}x", decide(values, FLOWS_COST, lower_is_better=True))]
+
+
 def targets(doc: dict) -> list[dict]:
-    """Every target of the parts ``doc`` holds (``accelerate``, ``deepspeed``, ``gate``), in that order."""
+    """Every target of the parts ``doc`` holds (``accelerate``, ``deepspeed``, ``gate``, ``flows``), in that order."""
     rows = []
-    for key, judge in (("accelerate", accelerate_targets), ("deepspeed", deepspeed_targets), ("gate", gate_targets)):
+    for key, judge in (("accelerate", accelerate_targets), ("deepspeed", deepspeed_targets), ("gate", gate_targets),
+                       ("flows", flows_targets)):
         if doc.get(key):
             rows += judge(doc[key])
     return rows

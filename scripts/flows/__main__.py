@@ -12,6 +12,7 @@ import time
 from scripts import ArgumentParser, KitError
 from scripts import flows as table
 from scripts.flows import judge, report
+from scripts.git import rev
 from scripts.sources import KIT_ROOT
 
 OUT = KIT_ROOT / "build" / "flows"
@@ -35,10 +36,12 @@ def main(argv: list[str]) -> int:
             print(f"error: make flows: {e}", file=sys.stderr)
             return 2
         selection = "every triple of levels (strength 3)" if args.full else "every pair of levels (strength 2)"
-        counts = judge.summary(rows)
+        counts, unused = judge.summary(rows), judge.unused(rows, table.differences(name))
+        head = rev(KIT_ROOT / "upstream" / name, "HEAD")
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{name}.md").write_text(report.markdown(name, rows, counts, f"{len(rows)}, {selection}"))
-        (OUT / f"{name}.json").write_text(json.dumps(report.document(name, rows, selection), indent=1))
+        (OUT / f"{name}.md").write_text(report.markdown(name, rows, counts, f"{len(rows)}, {selection}; the series "
+                                                         f"at {head[:12]}", unused))
+        (OUT / f"{name}.json").write_text(json.dumps(report.document(name, rows, selection, head, unused), indent=1))
         print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; build/flows/{name}.md)")
         unlisted += counts["unlisted_regressions"]
     return 1 if unlisted else 0

@@ -183,3 +183,76 @@ def uncovered_pairs(upstream: str, kind: str, flows: list[dict]) -> list[tuple]:
             items = sorted(flow["factors"].items())
             into.update(itertools.combinations(items, 2))
     return sorted(wanted - held)
+
+
+# DeepSpeed (curriculum data sampling, DeepSpeedDataSampler; 1 or 2 Gloo ranks): tests/flows/deepspeed_job.py runs
+# them. A job checkpoints at optimizer step k, dies at step m > k and restarts from its checkpoint (issue 39).
+DEEPSPEED_RESUME = {
+    "ranks": ["1", "2"],
+    "workers": ["0", "2"],
+    "clusters": ["single", "schedule", "two-metrics"],
+    "checkpoint": ["early", "late"],
+    "path": ["sampler", "weights-only", "engine", "iterator-first", "module-only", "no-optimizer"],
+    "keep": ["all", "last-2"],
+    "versions": ["series", "rollback", "upgrade"],
+}
+DEEPSPEED_ORDER = {
+    "ranks": ["1", "2"],
+    "workers": ["0", "2"],
+    "clusters": ["single", "schedule", "two-metrics"],
+}
+DEEPSPEED_WORDS = {
+    "ranks": {"1": "one data-parallel rank", "2": "two data-parallel ranks (Gloo processes), at save and at load"},
+    "workers": {"0": "data_sampling.num_workers 0", "2": "data_sampling.num_workers 2 (the DataLoader prefetches)"},
+    "clusters": {
+        "single": "clustering_type single_cluster: one cluster of every sample",
+        "schedule": "schedule_based percentile clusters: 16 samples, 8 more at step 4, the last 8 at step 7",
+        "two-metrics": "two schedule_based metrics: clusters of the samples both allow, added over time",
+    },
+    "checkpoint": {
+        "early": "the checkpoint before the first cluster reshuffle, the crash 3 steps later, after one",
+        "late": "the checkpoint after cluster reshuffles, the crash 3 steps later, after more",
+    },
+    "path": {
+        "sampler": "the sampler's state_dict() in the user's own file (torch.load weights_only=False), "
+                   "load_state_dict() into the new engine's sampler",
+        "weights-only": "as sampler, read with torch.load's default, weights-only (Fast and Decoupled checkpoint "
+                        "engines)",
+        "engine": "engine.save_checkpoint() / load_checkpoint(), the iterator built after the load",
+        "iterator-first": "as engine, RepeatingLoader(the engine's training_dataloader) built before "
+                          "load_checkpoint() (as the pipeline engine does)",
+        "module-only": "load_checkpoint(load_module_only=True): a fine-tune whose data starts again, as a fresh run",
+        "no-optimizer": "load_checkpoint(load_optimizer_states=False)",
+    },
+    "keep": {
+        "all": "every checkpoint kept; the restart loads the newest (the engine's latest)",
+        "last-2": "one more checkpoint after k, all but the last 2 deleted; the restart falls back to the older one",
+    },
+    "versions": {"series": "the series saves and loads", "rollback": "saved by the series, loaded by 0.19.8",
+                 "upgrade": "saved by 0.19.8, loaded by the series"},
+}
+DEEPSPEED_RESUME_IMPOSSIBLE = [
+    (("path", "versions"), lambda f: f["path"] == "module-only" and f["versions"] != "series",
+     "a module-only load reads the model's weights alone, which 0.19.8 and the series write alike, and its data "
+     "starts again on the loading code: no sampler state crosses versions"),
+]
+DEEPSPEED_ORDER_IMPOSSIBLE = []
+_C55 = {"ranks": "1", "clusters": "single", "checkpoint": "early", "path": "iterator-first", "keep": "all",
+        "versions": "series"}
+DEEPSPEED_RESUME_PRESETS = [
+    # c24: the sampler's state in a checkpoint that torch.load reads weights-only (its default since torch 2.6)
+    {"ranks": "1", "workers": "0", "clusters": "single", "checkpoint": "early", "path": "weights-only", "keep": "all",
+     "versions": "series"},
+    {"ranks": "1", "workers": "0", "clusters": "single", "checkpoint": "early", "path": "weights-only", "keep": "all",
+     "versions": "rollback"},  # c24 with 0.19.8 loading the series' state
+    {**_C55, "workers": "0"},  # c55: the iterator built before load_checkpoint(), no io workers
+    {**_C55, "workers": "2"},  # c55: ... with 2 io workers, which prefetch from the fresh state
+    # #8787 through the engine, and a restart from the older of the last 2 checkpoints past reshuffles with workers
+    {"ranks": "1", "workers": "0", "clusters": "single", "checkpoint": "late", "path": "engine", "keep": "all",
+     "versions": "series"},
+    {"ranks": "2", "workers": "2", "clusters": "schedule", "checkpoint": "late", "path": "engine", "keep": "last-2",
+     "versions": "series"},
+]
+DEEPSPEED_ORDER_PRESETS = [{"ranks": "1", "workers": "0", "clusters": "single"}]
+register("deepspeed", "resume", DEEPSPEED_RESUME, DEEPSPEED_RESUME_IMPOSSIBLE, DEEPSPEED_RESUME_PRESETS)
+register("deepspeed", "release-order", DEEPSPEED_ORDER, DEEPSPEED_ORDER_IMPOSSIBLE, DEEPSPEED_ORDER_PRESETS)

@@ -22,8 +22,9 @@ def _cell(outcome: str, detail: str) -> str:
     return f"{outcome}: {detail[:300]}" if detail else outcome
 
 
-def markdown(name: str, rows: list[dict], counts: dict, selection: str) -> str:
-    """The report of one upstream's flows: the summary line first, then one row per flow (regressions first)."""
+def markdown(name: str, rows: list[dict], counts: dict, selection: str, unused: list[dict] = ()) -> str:
+    """The report of one upstream's flows: the summary line first, then one row per flow (regressions first), then
+    the listed differences that match no regression (``unused``)."""
     lines = [f"# Flow table: {name}", "", summary_line(name, counts), "",
              f"Flows: {selection}. Outcomes (best first): exact, error (a clear refusal before any batch), wrong, "
              "uneven (processes read different numbers of batches: a DDP job hangs), hang, crash. A regression is a "
@@ -37,9 +38,15 @@ def markdown(name: str, rows: list[dict], counts: dict, selection: str) -> str:
     outcomes = counts["outcomes"]
     lines += ["", "Outcomes: " + "; ".join(f"{c}: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes[c].items()))
                                          for c in ("release", "series")), ""]
+    if unused:
+        lines += ["Listed in tests/flows/differences.toml but matching no regression here (remove them once the "
+                  "change they wait for has landed):", ""]
+        lines += [f"- {e['status']}: {e['match']}: {e['reason']}" for e in unused]
+        lines.append("")
     return "\n".join(lines)
 
 
-def document(name: str, rows: list[dict], selection: str) -> dict:
-    """The JSON report of one upstream's flows."""
-    return {"upstream": name, "selection": selection, "summary": judge.summary(rows), "flows": rows}
+def document(name: str, rows: list[dict], selection: str, series: str, unused: list[dict] = ()) -> dict:
+    """The JSON report of one upstream's flows; ``series``: the commit the checkout held (HEAD)."""
+    return {"upstream": name, "selection": selection, "series": series, "summary": judge.summary(rows),
+            "unused_differences": list(unused), "flows": rows}

@@ -1,0 +1,339 @@
+"""One rank of the DeepSpeed flows: training jobs with curriculum data sampling that checkpoint, crash and restart.
+
+Run by ``scripts/flows`` as ``python -m torch.distributed.run --standalone --nproc_per_node=N deepspeed_job.py PLAN``
+(``DS_ACCELERATOR=cpu``) with the code of one side on ``sys.path`` (the release's tree first, or the series as
+installed). ``PLAN`` is a JSON file: ``{"out": dir, "tasks": [{"flow", "column", "part", "factors", "folder"}, ...]}``;
+each task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``.
+
+The job: ``deepspeed.initialize(training_data=...)`` over ``NUM_SAMPLES`` samples (sample ``i`` is the tensor
+``[i]``, so a micro-batch tells which samples it holds) with ``data_efficiency`` curriculum sampling
+(``DeepSpeedDataSampler``), ``GLOBAL_MICRO_BATCH`` samples a micro-batch across the ranks, gradient accumulation
+``GAS``, a tiny linear model trained by SGD; ``STEPS`` optimizer steps uninterrupted. The saving run checkpoints after
+steps 1 .. k (``keep`` ``last-2``: 1 .. k + 1, deleting all but the last two), trains on to step m (``CHECKPOINTS``:
+k and m per ``clusters`` and ``checkpoint``) and dies there. The restart is a new engine in this process with the
+saving run's ``data_cluster_path``; it loads step k (the newest checkpoint, or with ``last-2`` the older one kept, as a
+job whose newest checkpoint is incomplete falls back to) and trains to step ``STEPS``. Parts:
+
+- ``save``: ``truth`` (the uninterrupted run's micro-batches, one "epoch": a curriculum run is no permutation per
+  epoch, so ``partition`` is false), ``step`` (the micro-batch the restart goes on from: k times ``GAS``; 0 for
+  ``module-only``, whose restart begins the data again), ``before`` / ``after`` the checkpoint up to the crash.
+- ``load``: ``loops``: [the restart's micro-batches up to step ``STEPS``]; a raise before the first micro-batch is
+  recorded as ``error`` (after every rank agrees), after it as ``crash``.
+- ``order``: ``run``: the uninterrupted run.
+
+A task that takes longer than ``TASK_TIMEOUT`` records ``hang`` and ends the launch, and the runner launches the
+tasks left. This script records; ``scripts/flows/judge.py`` judges.
+"""
+
+import contextlib
+import gc
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+
+import deepspeed
+import numpy as np
+import torch
+import torch._compile
+import torch.distributed as dist
+import torch.optim.optimizer
+from deepspeed.runtime.data_pipeline.data_sampling.utils import close_mmap_dataset_builder, create_mmap_dataset_builder
+from deepspeed.runtime.dataloader import RepeatingLoader
+from deepspeed.utils import logger
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
+from scripts import launch  # noqa: E402
+from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
+
+NUM_SAMPLES = 32
+GLOBAL_MICRO_BATCH = 4  # samples of one micro-batch across the data-parallel ranks (2 ranks: 2 each)
+GAS = 2  # gradient accumulation steps: a global batch of 8, one curriculum step, for 1 and 2 ranks alike
+STEPS = 12  # optimizer steps of the uninterrupted run: past a cluster's second reshuffle in every ``clusters``
+SEED = 1234
+TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))  # seconds
+HANG_EXIT_CODE = 4
+CRASH_EXIT_CODE = 3
+
+# Difficulty metrics (data_efficiency.data_sampling.curriculum_learning.curriculum_metrics). ``index`` names the
+# data analyzer's index_to_sample map a metric reads (``write_index``: 8 rows of 4 sample ids, a fixed permutation).
+SINGLE = {"clustering_type": "single_cluster", "difficulty_type": "value", "min_difficulty": 1, "max_difficulty": 3,
+          "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [1, 2, 3], "max_step": [3, 6]}}
+QUARTILES = {"clustering_type": "schedule_based", "difficulty_type": "percentile", "min_difficulty": 2,
+             "max_difficulty": 4, "schedule_type": "fixed_discrete",
+             "schedule_config": {"difficulty": [2, 3, 4], "max_step": [3, 6]}}
+SECOND = {**QUARTILES, "min_difficulty": 3, "schedule_config": {"difficulty": [3, 4], "max_step": [5]}}
+METRICS = {
+    "single": {"difficulty": (SINGLE, None)},  # one cluster of all 32 samples
+    "schedule": {"difficulty": (QUARTILES, 0)},  # 16 samples from step 1, 8 more from step 4, the last 8 from step 7
+    "two-metrics": {"difficulty": (QUARTILES, 0), "length": (SECOND, 1)},  # clusters of 14, 5, 5 and 8 samples
+}
+# (k, m): the optimizer step of the checkpoint the restart loads, and the step the saving run dies at. The sampler
+# reshuffles a cluster at steps 5 and 9 (single), 3, 5, 6, 8, 9, 11 (schedule), 2, 5, 7, 7, 9, 10, 11, 11, 12
+# (two-metrics): ``early`` is before the first reshuffle, ``late`` after some; the saving run reshuffles between k and
+# m in both (with 0.19.8 it rewrites the cluster files the checkpoint names).
+CHECKPOINTS = {
+    "single": {"early": (2, 5), "late": (7, 10)},
+    "schedule": {"early": (2, 5), "late": (7, 10)},
+    "two-metrics": {"early": (1, 4), "late": (7, 10)},
+}
+DATASET = [torch.tensor([float(i)]) for i in range(NUM_SAMPLES)]
+
+
+class PlainSGD(torch.optim.Optimizer):
+    """SGD without momentum, its step plain Python: torch's own optimizers import ``torch._dynamo`` at their first
+    step (``torch/optim/optimizer.py`` ``_use_grad``), a second of CPU per rank that adds nothing to these flows."""
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.add_(param.grad, alpha=-group["lr"])
+
+
+def without_dynamo_import():
+    """Let the methods of ``torch.optim.Optimizer`` that torch wraps with ``torch._disable_dynamo`` run without
+    importing ``torch._dynamo``: the wrapper imports it at the first call to disable compilation of the method, and
+    caches the result on the method (``__dynamo_disable``); outside ``torch.compile`` the disabled method is the method
+    itself, which is cached here instead."""
+    wrapper_code = torch._compile._disable_dynamo(lambda: None).__code__
+    for value in vars(torch.optim.optimizer.Optimizer).values():
+        wrapped = getattr(value, "__wrapped__", None)
+        if wrapped is not None and getattr(value, "__code__", None) is wrapper_code:
+            wrapped.__dynamo_disable = wrapped
+
+
+def world():
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def barrier():
+    if world() > 1:
+        dist.barrier()
+
+
+def write_index(folder, seed):
+    """The index_to_sample map of a metric under ``folder`` (global rank 0 writes it once); returns its path."""
+    path = os.path.join(folder, f"index_to_sample{seed}")
+    if dist.get_rank() == 0 and not os.path.exists(path + ".idx"):
+        os.makedirs(folder, exist_ok=True)
+        builder = create_mmap_dataset_builder(path, np.uint8)
+        for row in np.split(np.random.default_rng(seed).permutation(NUM_SAMPLES), 8):
+            builder.add_item_numpy(row)
+        close_mmap_dataset_builder(builder, path)
+    return path
+
+
+def engine_for(factors, folder, clusters):
+    """A new engine and its training DataLoader (``DeepSpeedDataLoader``), the curriculum's cluster files under
+    ``clusters``."""
+    metrics = {}
+    for name, (metric, seed) in METRICS[factors["clusters"]].items():
+        metrics[name] = dict(metric) if seed is None else {**metric, "index_to_sample_path": write_index(folder, seed)}
+    barrier()  # the maps are written
+    config = {
+        "train_micro_batch_size_per_gpu": GLOBAL_MICRO_BATCH // world(),
+        "gradient_accumulation_steps": GAS,
+        "steps_per_print": 10**6,
+        "data_efficiency": {
+            "enabled": True,
+            "seed": SEED,
+            "data_sampling": {
+                "enabled": True,
+                "num_epochs": 10,
+                "num_workers": int(factors["workers"]),
+                "curriculum_learning": {"enabled": True, "data_cluster_path": str(clusters),
+                                        "curriculum_metrics": metrics},
+            },
+        },
+    }
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    engine, _, loader, _ = deepspeed.initialize(model=model, optimizer=PlainSGD(model.parameters()),
+                                                training_data=DATASET, config=config)
+    return engine, loader
+
+
+def batches_of(factors, loader):
+    """The iterator training reads: ``iterator-first`` builds ``RepeatingLoader(loader)`` (as the pipeline engine
+    does, ``deepspeed/runtime/pipe/engine.py`` ``_build_data_iter``), the others ``iter(loader)``."""
+    return RepeatingLoader(loader) if factors.get("path") == "iterator-first" else iter(loader)
+
+
+def train(engine, batches, steps):
+    """``steps`` optimizer steps on ``batches``; the sample ids of every micro-batch."""
+    seen = []
+    for _ in range(steps * GAS):
+        batch = next(batches)
+        seen.append([int(i) for i in batch[:, 0]])
+        engine.backward(engine(batch).pow(2).mean())
+        engine.step()
+    return seen
+
+
+def stop(loader):
+    """Drop the loader's DataLoader iterator, so that its workers stop now (as tests/deepspeed/engine_worker.py)."""
+    loader.data_iterator = None
+
+
+TRUTHS = {}  # the uninterrupted runs of this launch (one code, one number of ranks), per workers and clusters
+
+
+def truth_of(factors, folder):
+    key = (factors["workers"], factors["clusters"])
+    if key not in TRUTHS:
+        engine, loader = engine_for(factors, folder, Path(folder) / "clusters-uninterrupted")
+        TRUTHS[key] = train(engine, iter(loader), STEPS)
+        stop(loader)
+    return TRUTHS[key]
+
+
+def sampler_file(checkpoints, step):
+    return Path(checkpoints) / f"step{step}" / f"sampler_rank{dist.get_rank()}.pt"
+
+
+def save(factors, engine, loader, checkpoints, step):
+    """Checkpoint after optimizer step ``step`` the way the flow's ``path`` does, then delete all but the last two
+    checkpoints where ``keep`` says so."""
+    if factors["path"] in ("sampler", "weights-only"):  # the user's own checkpoint of the sampler's state
+        path = sampler_file(checkpoints, step)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"data_sampler": loader.data_sampler.state_dict(), "step": step}, path)
+    else:
+        engine.save_checkpoint(str(checkpoints), tag=f"step{step}")
+    barrier()
+    if factors["keep"] == "last-2" and dist.get_rank() == 0 and step > 2:
+        shutil.rmtree(Path(checkpoints) / f"step{step - 2}")
+
+
+def restore(factors, engine, loader, checkpoints, step):
+    """Load the checkpoint of step ``step`` into the restarted job the way the flow's ``path`` does: the newest
+    (``keep`` ``all``: the engine's ``latest``), or the older one kept (``last-2``: by its tag)."""
+    path, tag = factors["path"], (None if factors["keep"] == "all" else f"step{step}")
+    if path in ("sampler", "weights-only"):
+        if tag is None:  # the newest checkpoint on disk
+            step = max(int(p.name[len("step"):]) for p in Path(checkpoints).iterdir())
+        # "weights-only": torch.load's default since torch 2.6, as DeepSpeed's Fast and Decoupled checkpoint engines
+        # load (../shared/cases/c24); "sampler": weights_only=False, as its default torch checkpoint engine does
+        options = {} if path == "weights-only" else {"weights_only": False}
+        state = torch.load(sampler_file(checkpoints, step), map_location="cpu", **options)
+        loader.data_sampler.load_state_dict(state["data_sampler"])
+        return
+    options = {"module-only": {"load_module_only": True}, "no-optimizer": {"load_optimizer_states": False}}
+    loaded, _ = engine.load_checkpoint(str(checkpoints), tag=tag, **options.get(path, {}))
+    if loaded is None:
+        raise FileNotFoundError(f"load_checkpoint() found no checkpoint in {checkpoints} (tag {tag})")
+
+
+def save_part(factors, folder):
+    """The uninterrupted job, then the job that checkpoints and dies (see the module's docstring)."""
+    k, m = CHECKPOINTS[factors["clusters"]][factors["checkpoint"]]
+    truth = truth_of(factors, folder)
+    engine, loader = engine_for(factors, folder, Path(folder) / "clusters")
+    batches, read, done = batches_of(factors, loader), [], 0
+    for step in range(1, k + (2 if factors["keep"] == "last-2" else 1)):
+        read += train(engine, batches, step - done)
+        save(factors, engine, loader, Path(folder) / "checkpoints", step)
+        done = step
+    read += train(engine, batches, m - done)
+    stop(loader)
+    return {"truth": [truth], "epoch": 0, "step": 0 if factors["path"] == "module-only" else k * GAS, "at_end": False,
+            "partition": False, "before": read[:k * GAS], "after": read[k * GAS:], "checkpoint_step": k,
+            "crash_step": m}
+
+
+def load_part(factors, folder):
+    """The restarted job (see the module's docstring)."""
+    k, _ = CHECKPOINTS[factors["clusters"]][factors["checkpoint"]]
+    engine, loader = engine_for(factors, folder, Path(folder) / "clusters")
+    batches = batches_of(factors, loader) if factors["path"] == "iterator-first" else None
+    try:
+        restore(factors, engine, loader, Path(folder) / "checkpoints", k)
+        failed = None
+    except Exception as e:  # a refusal: recorded, and no rank reads a batch
+        failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+    failures = [failed]
+    if world() > 1:
+        failures = [None] * world()
+        dist.all_gather_object(failures, failed)
+    if any(failures):
+        stop(loader)
+        return {"error": failed or next(f for f in failures if f), "raised_here": failed is not None}
+    if batches is None:
+        batches = iter(loader)
+    loops = [train(engine, batches, STEPS - (0 if factors["path"] == "module-only" else k))]
+    stop(loader)
+    return {"loops": loops}
+
+
+def run_task(task, out, rank):
+    part, factors, folder = task["part"], task["factors"], task["folder"]
+    if part == "save":
+        result = save_part(factors, folder)
+    elif part == "load":
+        result = load_part(factors, folder)
+    else:
+        result = {"run": truth_of(factors, folder)}
+    result.update(world_size=world(), deepspeed=deepspeed.__file__)
+    path = Path(out) / f"{task['flow']}.{task['column']}.{part}.rank{rank}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(result))
+    path.with_suffix(".tmp").replace(path)
+
+
+def main():
+    plan = json.loads(Path(sys.argv[1]).read_text())
+    logger.setLevel(logging.ERROR)
+    without_dynamo_import()
+    # Collectives through torch.distributed's Gloo, as DeepSpeed does where its shared-memory op is not compatible:
+    # on Linux that op would be compiled at the first init_distributed (tests/deepspeed/engine_worker.py)
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    workers = any(task["factors"]["workers"] != "0" for task in plan["tasks"])
+    if workers:  # the DataLoader workers start from a forkserver (tests/rank_worker.py says why)
+        use_forkserver(["torch", "deepspeed", "deepspeed.runtime.dataloader"])
+    deepspeed.init_distributed("gloo")
+    rank = dist.get_rank()
+    gc.freeze()
+    for task in plan["tasks"]:
+        name = f"{task['flow']}.{task['column']}.{task['part']}"
+        timer = threading.Timer(TASK_TIMEOUT, _hang, (plan["out"], name, rank))
+        timer.start()
+        try:
+            run_task(task, plan["out"], rank)
+        except Exception:
+            _end(plan["out"], name, rank, {"crash": traceback.format_exc()[-3000:]}, CRASH_EXIT_CODE)
+        finally:
+            timer.cancel()
+        gc.collect()
+        gc.freeze()
+    barrier()
+    if workers:
+        stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's
+
+
+def _end(out, name, rank, record, code):
+    """Record ``record`` for the task and end this rank now (its peers may wait in a collective it will not join),
+    its forkserver and DataLoader workers first (they would outlive it)."""
+    path = Path(out) / f"{name}.rank{rank}.json"
+    path.write_text(json.dumps(record))
+    print(f"flows: rank {rank}: {name}: {next(iter(record))}", file=sys.stderr, flush=True)
+    for pid in launch.descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(code)
+
+
+def _hang(out, name, rank):
+    _end(out, name, rank, {"hang": f"no result after {TASK_TIMEOUT:.0f} s"}, HANG_EXIT_CODE)
+
+
+if __name__ == "__main__":
+    main()

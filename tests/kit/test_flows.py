@@ -1,0 +1,164 @@
+"""The flow table's own machinery: the covering arrays, the judge (pure, on records made here), and the oracle failing.
+
+The last test runs real launches: a "series" that is the release with its ``load_state_dict`` broken must come out as
+regressions, and the release put in the series' place must come out the same as the release on every flow.
+"""
+
+import json
+import shutil
+
+from scripts import flows as table
+from scripts.flows import factors, judge, report, run
+
+N = 8  # samples of the synthetic records below
+
+
+def save_record(truth, step, before=None, after=None, at_end=False):
+    epoch = truth[0]
+    before = epoch[:step] if before is None else before
+    return {"truth": truth, "epoch": 0, "step": step, "at_end": at_end, "before": before,
+            "after": epoch[step:] if after is None else after}
+
+
+TRUTH = [  # two processes, two epochs of two batches of 2 each; every epoch a partition of 0..7
+    [[[0, 1], [2, 3]], [[7, 6], [5, 4]]],
+    [[[4, 5], [6, 7]], [[3, 2], [1, 0]]],
+]
+
+
+def saved(step=1):
+    return [save_record(truth, step) for truth in TRUTH]
+
+
+def loaded(rest, following):
+    return [{"loops": [rest[r], following[r]]} for r in range(len(rest))]
+
+
+def test_a_restart_that_reads_what_the_uninterrupted_run_reads_is_exact():
+    parts = judge.resume_parts(saved(), loaded([[[2, 3]], [[6, 7]]], [TRUTH[0][1], TRUTH[1][1]]), N)
+    assert judge.worst(parts) == ("exact", "")
+
+
+def test_a_restart_that_starts_the_epoch_over_is_wrong_with_its_numbers():
+    parts = judge.resume_parts(saved(), loaded([[[0, 1], [2, 3]], [[4, 5], [6, 7]]], [TRUTH[0][1], TRUTH[1][1]]),
+                               N)
+    outcome, detail = judge.worst(parts)
+    assert outcome == "wrong" and parts["the next epoch"][0] == "exact"
+    assert "2 of 1 batches differ (2 read), 2 samples read beyond the uninterrupted run, 0 of its samples never" in (
+        detail)
+
+
+def test_processes_with_different_numbers_of_batches_left_are_uneven():
+    parts = judge.resume_parts(saved(), loaded([[[2, 3]], [[4, 5], [6, 7]]], [TRUTH[0][1], TRUTH[1][1]]), N)
+    assert judge.worst(parts) == ("uneven", "the rest of the epoch: the processes read [1, 2] batches")
+
+
+def test_an_uninterrupted_run_that_is_no_partition_and_a_checkpoint_that_changes_the_run_are_wrong():
+    duplicated = [save_record([[[0, 1], [2, 3]], TRUTH[0][1]], 1), save_record([[[0, 1], [6, 7]], TRUTH[1][1]], 1,
+                                                                               after=[[4, 5]])]
+    parts = judge.resume_parts(duplicated, loaded([[[2, 3]], [[6, 7]]], [TRUTH[0][1], TRUTH[1][1]]), N)
+    assert parts["the uninterrupted run"] == (
+        "wrong", "the uninterrupted run's epoch 0 reads 2 samples twice and 2 never")
+    assert parts["the saving run"][0] == "wrong" and "process 1" in parts["the saving run"][1]
+
+
+def test_a_refusal_before_the_first_batch_is_an_error_and_a_missing_record_a_crash():
+    refused = [{"error": "ValueError: saved by 2 processes, loaded by 4", "raised_here": True}, {"error": "x"}]
+    assert judge.worst(judge.resume_parts(saved(), refused, N)) == (
+        "error", "ValueError: saved by 2 processes, loaded by 4")
+    assert judge.worst(judge.resume_parts(saved(), [{"hang": "no result after 90 s"}, None], N))[0] == "hang"
+    assert judge.worst(judge.resume_parts(saved(), [{"loops": [[], []]}, None], N)) == (
+        "crash", "the restarted run: process 1 wrote no record")
+
+
+def test_another_number_of_processes_is_judged_on_the_samples_of_all_processes():
+    rest = [[[2]], [[3]], [[6]], [[7]]]
+    following = [[[7, 6]], [[5, 4]], [[3, 2]], [[1, 0]]]
+    assert judge.worst(judge.resume_parts(saved(), loaded(rest, following), N)) == ("exact", "")
+    rest[3] = [[0]]
+    outcome, detail = judge.worst(judge.resume_parts(saved(), loaded(rest, following), N))
+    assert outcome == "wrong" and "1 beyond the uninterrupted run, 1 of its samples never" in detail
+
+
+def test_a_regression_is_a_part_the_series_handles_worse():
+    exact = {"the rest of the epoch": ("exact", ""), "the next epoch": ("exact", "")}
+    wrong_next = {"the rest of the epoch": ("exact", ""), "the next epoch": ("wrong", "d")}
+    wrong_rest = {"the rest of the epoch": ("wrong", "d"), "the next epoch": ("wrong", "d")}
+    assert judge.verdict(exact, exact) == "same"
+    assert judge.verdict(exact, {"the restart": ("error", "refused")}) == "same"
+    assert judge.verdict(wrong_next, wrong_rest) == "regression"  # both wrong, the series in one more part
+    assert judge.verdict(wrong_rest, {"the rest of the epoch": ("uneven", "d")}) == "regression"
+    assert judge.verdict(wrong_rest, exact) == "fixed"
+
+
+def test_listed_differences_match_by_factors_and_unused_ones_are_reported():
+    entries = [{"match": {"saver": "main-only", "workers": ["0", "2"]}, "status": "known", "reason": "r"},
+               {"match": {}, "kind": "order", "status": "known", "reason": "o"}]
+    assert judge.listed({"saver": "main-only", "workers": "2"}, entries) is entries[0]
+    assert judge.listed({"saver": "main-only", "workers": "2-persistent"}, entries[:1]) is None
+    rows = [{"kind": "resume", "factors": {"saver": "main-only", "workers": "0"}, "verdict": "regression"}]
+    assert judge.unused(rows, entries) == [entries[1]]
+
+
+def test_the_pairwise_set_covers_every_possible_pair_holds_the_presets_and_is_fixed():
+    for name, kinds in table.KINDS.items():
+        for kind in kinds:
+            flows = factors.pairwise(name, kind)
+            assert factors.uncovered_pairs(name, kind, flows) == []
+            assert flows == factors.pairwise(name, kind)
+            assert len({flow["id"] for flow in flows}) == len(flows)
+            assert all(factors.possible(name, kind, flow["factors"]) for flow in flows)
+            for preset in factors.UPSTREAMS[(name, kind)][2]:
+                assert any(preset.items() <= flow["factors"].items() for flow in flows), preset
+
+
+def test_the_differences_file_names_a_status_and_a_reason_for_every_entry():
+    for name in table.KINDS:
+        for entry in table.differences(name):
+            assert entry["reason"] and entry["status"] in ("known", "accepted")
+
+
+def test_a_report_leads_with_the_summary_line():
+    rows = [{"id": "f", "kind": "resume", "factors": {"saver": "dcp"}, "verdict": "regression", "listed": "",
+             "release": "exact", "release_detail": "", "series": "wrong", "series_detail": "a | b"}]
+    text = report.markdown("accelerate", rows, judge.summary(rows), "1")
+    assert text.splitlines()[2] == ("accelerate: of 1 flows the release resumes 1 exactly, the series 0; "
+                                    "regressions 1 (0 listed as known or accepted, 1 not), fixed 0")
+    assert "wrong: a \\| b" in text
+
+
+BROKEN = '''
+
+def _broken_load_state_dict(self, state_dict):
+    """Deliberately broken by the kit's test: the loaded state is dropped."""
+
+
+DataLoaderShard.load_state_dict = _broken_load_state_dict
+'''
+
+
+def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_path, monkeypatch):
+    """Flows on one process: a "series" that drops every loaded dataloader state (the release's tree with
+    ``DataLoaderShard.load_state_dict`` replaced) makes the release's exact resumes regressions; the release in the
+    series' place makes none."""
+    one = {"saver": "torch-save", "loader": "shard", "processes": "1-1", "when": "mid-epoch", "epoch": "0",
+           "workers": "0", "seeding": "one-seed", "training": "no-rng", "probe": "none", "versions": "series"}
+    chosen = [("resume", {**one, "data": "sequential"}), ("resume", {**one, "data": "shuffled", "workers": "2"}),
+              ("order", {"data": "shuffled", "loader": "shard", "processes": "1", "workers": "0",
+                         "seeding": "one-seed"})]
+    flows = [{"id": factors.flow_id("accelerate", kind, f), "upstream": "accelerate", "kind": kind, "factors": f}
+             for kind, f in chosen]
+    release = run.release_tree("accelerate", tmp_path / "trees")
+    broken = tmp_path / "broken"
+    shutil.copytree(release, broken, ignore=shutil.ignore_patterns("__pycache__"))
+    (broken / "accelerate" / "data_loader.py").write_text((release / "accelerate" / "data_loader.py").read_text()
+                                                          + BROKEN)
+    rows = {}
+    for label, series in (("broken", broken), ("release", release)):
+        monkeypatch.setenv("PYTHONPATH", str(series))
+        rows[label] = table.judged("accelerate", flows, tmp_path / label, say=lambda line: None)
+    resumed = [row for row in rows["broken"] if row["kind"] == "resume" and row["release"] == "exact"]
+    assert resumed and all(row["verdict"] == "regression" for row in resumed), json.dumps(rows["broken"], indent=1)
+    assert [row["verdict"] for row in rows["release"]] == ["same"] * 3, json.dumps(rows["release"], indent=1)
+    assert [(row["release"], row["release_detail"]) for row in rows["release"]] == [
+        (row["series"], row["series_detail"]) for row in rows["release"]]
