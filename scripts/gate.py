@@ -568,6 +568,17 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]
 # The report.
 
 
+def flows_records(folder: Path = sources.KIT_ROOT / "build" / "flows") -> dict:
+    """{name: the ``summary``, ``selection`` and ``series_id`` of the last ``make flows`` report of each upstream}
+    (an unreadable or missing report: left out); the report cites them when they are of the series it judges."""
+    found = {}
+    for path in sorted(folder.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            doc = json.loads(path.read_text())
+            found[doc["upstream"]] = {key: doc[key] for key in ("summary", "selection", "series_id")}
+    return found
+
+
 def environment() -> dict:
     """Versions of Python and of ENVIRONMENT in the interpreter that ran the stages (this one)."""
     versions = {"python": platform.python_version()}
@@ -747,7 +758,7 @@ def judge_and_report(ups: list[Upstream], args: argparse.Namespace, started: flo
                   for path in collect_stacks(args.out / stage, args.out)]
         ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
         record = outdated.load_record(args.outdated)  # the last `make outdated`: is each base the newest release?
-        meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(),
+        meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(), "flows": flows_records(),
                 "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks,
                 "releases": {up.pin.name: outdated.release_status(record, up.pin.package, up.pin.version)
                              for up in ups}}

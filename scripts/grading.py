@@ -513,10 +513,26 @@ def markdown(doc: dict) -> str:
             md.append(f"| {what} | {u['version']} | `{u['base'][:12]}` | {u['check']} | {len(row['FAIL_TO_PASS'])} | "
                       f"{len(row['PASS_TO_PASS'])} | {len(row['violations'])} | "
                       f"{'**FAIL**' if row['violations'] else 'pass'} |")
-    md += ["", *stages_markdown(doc)]
+    md += ["", *flows_lines(doc), *stages_markdown(doc)]
     for name, u in doc["upstreams"].items():
         md += upstream_markdown(name, u)
     return "\n".join(md) + "\n"
+
+
+def flows_lines(doc: dict) -> list[str]:
+    """The flow table's summary per upstream (``doc["flows"]``: the last ``make flows`` report's ``summary``,
+    ``selection`` and ``series_id`` per upstream), when it ran the series judged here; else that none is on record."""
+    md = []
+    for name, u in doc["upstreams"].items():
+        flows = (doc.get("flows") or {}).get(name)
+        if not flows or flows.get("series_id") != u.get("series_id"):
+            md.append(f"- {name}: no flow table of this series is on record (`make flows`).")
+            continue
+        c = flows["summary"]
+        md.append(f"- {name}: the flow table ({flows['selection']}): of {c['flows']} flows the release resumes "
+                  f"{c['release_exact']} exactly, the series {c['series_exact']}; regressions {c['regressions']} "
+                  f"({c['regressions'] - c['unlisted_regressions']} listed as known or accepted), fixed {c['fixed']}.")
+    return [*md, ""] if md else []
 
 
 def unfinished_markdown(why: str, wall_s: float, logs: list[str]) -> str:

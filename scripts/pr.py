@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from scripts import ArgumentParser, KitError, outdated, plural, runlock, series, sources, stack
-from scripts.git import git
+from scripts.git import git, rev
 from scripts.lint import placeholder_notes
 from scripts.matrix import version_key
 
@@ -203,6 +203,22 @@ def matrix_sentence(name: str, entry: dict, matrix_file: Path) -> str:
                                                                       else "."))
 
 
+def flows_sentence(name: str, flows_file: Path, head: str) -> str:
+    """Markdown: the flow table's summary line of the last ``make flows`` (``build/flows/<name>.json``) when it ran
+    the checkout's HEAD ``head``; else that no flow table of this series is on record."""
+    try:
+        doc = json.loads(flows_file.read_text())
+    except (OSError, ValueError):
+        return "The flow table was not run on this series (`make flows`)."
+    if doc.get("series") != head:
+        return f"The last `make flows` ran another version of this series ({str(doc.get('series'))[:12]})."
+    counts = doc["summary"]
+    listed = counts["regressions"] - counts["unlisted_regressions"]
+    return (f"The flow table (`make flows`, {doc['selection']}): of {counts['flows']} save/restart flows the release "
+            f"resumes {counts['release_exact']} exactly and this stack {counts['series_exact']}; it handles "
+            f"{counts['regressions']} worse ({listed} listed as known or accepted) and {counts['fixed']} better.")
+
+
 def stack_header(steps: list[dict], number: int, names: list[str]) -> str:
     """Markdown: the stack, newest first, this PR marked ``__->__``; '' for a series of one commit."""
     if len(steps) < 2:
@@ -229,9 +245,12 @@ def defined_tests(repo: Path, commit: str, files: set[str]) -> dict[str, set[str
 
 
 def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: Path, url: str,
-           matrix_file: Path, outdated_file: Path = outdated.RECORD) -> dict[str, dict[str, str]]:
+           matrix_file: Path, outdated_file: Path = outdated.RECORD, flows_dir: Path | None = None
+           ) -> dict[str, dict[str, str]]:
     """{name: {file name: the filled body}} for every upstream with a directory of templates in ``docs``; raise
-    KitError (nothing written) on any problem. ``outdated_file``: the record of the last ``make outdated``."""
+    KitError (nothing written) on any problem. ``outdated_file``: the record of the last ``make outdated``;
+    ``flows_dir``: where ``make flows`` wrote its reports (default: beside ``report_file``'s folder, ``flows/``)."""
+    flows_dir = report_file.parent.parent / "flows" if flows_dir is None else flows_dir
     if not report_file.exists():
         raise KitError(f"{report_file} is missing: run `make gate` first")
     report = json.loads(report_file.read_text())
@@ -266,6 +285,7 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
             tested = {key.removeprefix(prefix).split("::")[0] for key in step["tests"] if key.startswith(prefix)}
             release = outdated.release_status(record, table[name].get("package", name), entry["version"])
             gate = gate_section(name, entry, step, table[name], own, defined_tests(repo, "HEAD", tested), release)
+            gate += "\n\n" + flows_sentence(name, flows_dir / f"{name}.json", rev(repo, "HEAD"))
             touched = {f for p in own for f in stack.changed_files(p)}
             mine = [t for t in upstream_tests if t in touched] if len(steps) > 1 else upstream_tests
             reproduce = reproduce_section(name, entry, mine or upstream_tests, url)

@@ -9,7 +9,7 @@ import shutil
 import sys
 import time
 
-from scripts import ArgumentParser, KitError
+from scripts import ArgumentParser, KitError, series, stack
 from scripts import flows as table
 from scripts.flows import judge, report
 from scripts.git import rev
@@ -38,10 +38,12 @@ def main(argv: list[str]) -> int:
         selection = "every triple of levels (strength 3)" if args.full else "every pair of levels (strength 2)"
         counts, unused = judge.summary(rows), judge.unused(rows, table.differences(name))
         head = rev(KIT_ROOT / "upstream" / name, "HEAD")
+        series_id = stack.series_id(series.patch_files(KIT_ROOT / "patches" / name))
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{name}.md").write_text(report.markdown(name, rows, counts, f"{len(rows)}, {selection}; the series "
                                                          f"at {head[:12]}", unused))
-        (OUT / f"{name}.json").write_text(json.dumps(report.document(name, rows, selection, head, unused), indent=1))
+        doc = report.document(name, rows, selection, head, unused) | {"series_id": series_id}
+        (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1))
         print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; build/flows/{name}.md)")
         unlisted += counts["unlisted_regressions"]
     return 1 if unlisted else 0

@@ -47,6 +47,7 @@ def markdown(name: str, rows: list[dict], counts: dict, selection: str, unused: 
 
 
 def document(name: str, rows: list[dict], selection: str, series: str, unused: list[dict] = ()) -> dict:
-    """The JSON report of one upstream's flows; ``series``: the commit the checkout held (HEAD)."""
+    """The JSON report of one upstream's flows; ``series``: the commit the checkout held (HEAD). The gate's report
+    and ``make pr`` cite its ``summary``."""
     return {"upstream": name, "selection": selection, "series": series, "summary": judge.summary(rows),
             "unused_differences": list(unused), "flows": rows}

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 import torch._compile
 import torch.distributed as dist
-import torch.optim.optimizer
 from deepspeed.runtime.data_pipeline.data_sampling.utils import close_mmap_dataset_builder, create_mmap_dataset_builder
 from deepspeed.runtime.dataloader import RepeatingLoader
 from deepspeed.utils import logger
@@ -106,7 +105,7 @@ def without_dynamo_import():
     caches the result on the method (``__dynamo_disable``); outside ``torch.compile`` the disabled method is the method
     itself, which is cached here instead."""
     wrapper_code = torch._compile._disable_dynamo(lambda: None).__code__
-    for value in vars(torch.optim.optimizer.Optimizer).values():
+    for value in vars(torch.optim.Optimizer).values():
         wrapped = getattr(value, "__wrapped__", None)
         if wrapped is not None and getattr(value, "__code__", None) is wrapper_code:
             wrapped.__dynamo_disable = wrapped

@@ -162,3 +162,25 @@ def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_
     assert [row["verdict"] for row in rows["release"]] == ["same"] * 3, json.dumps(rows["release"], indent=1)
     assert [(row["release"], row["release_detail"]) for row in rows["release"]] == [
         (row["series"], row["series_detail"]) for row in rows["release"]]
+
+
+def test_the_gate_report_and_the_pr_bodies_cite_the_table_of_the_series_they_judge(tmp_path):
+    from scripts import grading, pr
+
+    counts = {"flows": 64, "release_exact": 33, "series_exact": 40, "regressions": 2, "unlisted_regressions": 0,
+              "fixed": 9, "outcomes": {}}
+    doc = {"upstreams": {"accelerate": {"series_id": "abc"}, "deepspeed": {"series_id": "def"}},
+           "flows": {"accelerate": {"summary": counts, "selection": "every pair", "series_id": "abc"},
+                     "deepspeed": {"summary": counts, "selection": "every pair", "series_id": "old"}}}
+    assert grading.flows_lines(doc) == [
+        "- accelerate: the flow table (every pair): of 64 flows the release resumes 33 exactly, the series 40; "
+        "regressions 2 (2 listed as known or accepted), fixed 9.",
+        "- deepspeed: no flow table of this series is on record (`make flows`).", ""]
+    record = tmp_path / "accelerate.json"
+    record.write_text(json.dumps({"series": "c0ffee", "selection": "every pair", "summary": counts}))
+    assert pr.flows_sentence("accelerate", record, "c0ffee") == (
+        "The flow table (`make flows`, every pair): of 64 save/restart flows the release resumes 33 exactly and this "
+        "stack 40; it handles 2 worse (2 listed as known or accepted) and 9 better.")
+    assert pr.flows_sentence("accelerate", record, "beef").startswith("The last `make flows` ran another version")
+    assert pr.flows_sentence("accelerate", tmp_path / "none.json", "c0ffee") == (
+        "The flow table was not run on this series (`make flows`).")
