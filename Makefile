@@ -43,6 +43,8 @@ DEFAULT ?=
 
 # `make flows FULL=1`: every triple of factor levels, not every pair (README, "The flow table").
 FULL ?=
+# `make flows AT=HEAD~3`: run that commit of each checkout as the series (a first commit of a stack, alone).
+AT ?=
 
 # `make pr DRAFT=1` writes the bodies even where they still say `Fixes #<...>` (an issue not filed yet), to read.
 DRAFT ?=
@@ -74,7 +76,7 @@ $(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES
 # shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
 # PYTEST_ARGS was silently ignored by make gate).
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
 ABOUT_TOOLS := the venv of the upstreams' style tools
@@ -116,6 +118,8 @@ ABOUT_DISCARD := 1: drop commits in a checkout that patches/ does not hold
 READ_BY_DISCARD := unapply
 ABOUT_FULL := 1: every triple of factor levels, not every pair
 READ_BY_FULL := flows
+ABOUT_AT := a commit of each checkout to run as the series (e.g. HEAD~3)
+READ_BY_AT := flows
 ABOUT_DRAFT := 1: write bodies that still say Fixes \#<...>, to read
 READ_BY_DRAFT := pr
 ABOUT_KIT_URL := the kit's public URL in the bodies (default: git remote get-url origin)
@@ -240,7 +244,7 @@ gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by s
 
 flows: need-venv ## the flow table: save/restart flows on the release and the series (FULL=1: every triple); build/flows/
 	@$(call SAY,running the flow table (launch logs in build/flows/work/)) $(PY) -m scripts.flows \
-	  $(if $(call is_yes,$(FULL)),--full)
+	  $(if $(call is_yes,$(FULL)),--full) $(if $(AT),--at $(call quote,$(AT)))
 
 stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
 	@$(NEED_VENV)

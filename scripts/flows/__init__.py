@@ -35,7 +35,8 @@ def selection(name: str, full: bool) -> list[dict]:
     return [flow for kind in KINDS[name] for flow in factors.pairwise(name, kind)]
 
 
-def judged(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print) -> list[dict]:
-    """Run ``flows`` in ``work`` and judge them: the rows of ``judge.table``."""
-    results = run.run(name, flows, work, parallel=parallel, say=say)
+def judged(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, at: str = "") -> list[dict]:
+    """Run ``flows`` in ``work`` (the series: the installed checkout, or its commit ``at``) and judge them: the rows
+    of ``judge.table``."""
+    results = run.run(name, flows, work, parallel=parallel, say=say, at=at)
     return judge.table(flows, results, NUM_SAMPLES[name], differences(name))

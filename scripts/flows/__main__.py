@@ -23,6 +23,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", choices=sorted(table.KINDS), action="append", help="this upstream only")
     parser.add_argument("--full", action="store_true", help="every triple of levels, not every pair")
     parser.add_argument("--jobs", type=int, default=2, help="launches side by side")
+    parser.add_argument("--at", default="", metavar="REV",
+                        help="run this commit of each checkout as the series (e.g. HEAD~3: the first of a stack of 4)")
     args = parser.parse_args(argv)
     unlisted = 0
     for name in args.only or sorted(table.KINDS):
@@ -31,20 +33,21 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(work, ignore_errors=True)
         started = time.monotonic()
         try:
-            rows = table.judged(name, flows, work, parallel=args.jobs)
+            rows = table.judged(name, flows, work, parallel=args.jobs, at=args.at)
         except KitError as e:
             print(f"error: make flows: {e}", file=sys.stderr)
             return 2
         selection = "every triple of levels (strength 3)" if args.full else "every pair of levels (strength 2)"
         counts, unused = judge.summary(rows), judge.unused(rows, table.differences(name))
-        head = rev(KIT_ROOT / "upstream" / name, "HEAD")
-        series_id = stack.series_id(series.patch_files(KIT_ROOT / "patches" / name))
+        head = rev(KIT_ROOT / "upstream" / name, args.at or "HEAD")
+        series_id = "" if args.at else stack.series_id(series.patch_files(KIT_ROOT / "patches" / name))
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{name}.md").write_text(report.markdown(name, rows, counts, f"{len(rows)}, {selection}; the series "
                                                          f"at {head[:12]}", unused))
         doc = report.document(name, rows, selection, head, unused) | {"series_id": series_id}
         (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1))
-        print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; build/flows/{name}.md)")
+        print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; build/flows/{name}.md)"
+              + (f" [the series at {args.at}]" if args.at else ""))
         unlisted += counts["unlisted_regressions"]
     return 1 if unlisted else 0
 

@@ -81,14 +81,26 @@ def records(out: Path, task: dict, nproc: int) -> list[dict | None]:
     return found
 
 
-def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print) -> dict:
-    """Run ``flows`` of upstream ``name`` in ``work``; return ``{(flow id, column): {part: [rank records]}}``.
+def series_tree(name: str, commit: str, work: Path) -> Path:
+    """A tree of ``commit`` of the kit's checkout of ``name`` (a commit of its series, say) under ``work``; returns
+    the directory to put on ``PYTHONPATH``. Raises KitError when git does not know the commit."""
+    repo = KIT / "upstream" / name
+    tree = worktree.add(repo, work / f"{name}-at-{commit.replace('/', '-')}", rev(repo, commit))
+    return worktree.package_dir(tree, name)
 
-    A rank that wrote no record of a task is None in its list, the launch's summary beside it (``launch``).
-    Raises KitError when the release's tree cannot be made; OSError when ``work`` cannot be written.
+
+def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, at: str = "") -> dict:
+    """Run ``flows`` of upstream ``name`` in ``work``; return ``{(flow id, column): {part: [rank records]}}``.
+    ``at``: a commit of the checkout to run as the series (default: the upstream as this Python imports it).
+
+    A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made; OSError
+    when ``work`` cannot be written.
     """
     work.mkdir(parents=True, exist_ok=True)
     pythonpath = {"series": os.environ.get("PYTHONPATH", ""), "release": ""}
+    if at:
+        pythonpath["series"] = os.pathsep.join(
+            p for p in (str(series_tree(name, at, work / "trees")), pythonpath["series"]) if p)
     tree = release_tree(name, work / "trees")
     pythonpath["release"] = os.pathsep.join(p for p in (str(tree), pythonpath["series"]) if p)
     out = work / "records"

@@ -18,7 +18,8 @@ job whose newest checkpoint is incomplete falls back to) and trains to step ``ST
   epoch, so ``partition`` is false), ``step`` (the micro-batch the restart goes on from: k times ``GAS``; 0 for
   ``module-only``, whose restart begins the data again), ``before`` / ``after`` the checkpoint up to the crash.
 - ``load``: ``loops``: [the restart's micro-batches up to step ``STEPS``]; a raise before the first micro-batch is
-  recorded as ``error`` (after every rank agrees), after it as ``crash``.
+  recorded as ``error`` (after every rank agrees), after it as ``crash`` (with 2 ranks the rank then ends; one rank
+  goes on with its next task).
 - ``order``: ``run``: the uninterrupted run.
 
 A task that takes longer than ``TASK_TIMEOUT`` records ``hang`` and ends the launch, and the runner launches the
@@ -308,7 +309,12 @@ def main():
         try:
             run_task(task, plan["out"], rank)
         except Exception:
-            _end(plan["out"], name, rank, {"crash": traceback.format_exc()[-3000:]}, CRASH_EXIT_CODE)
+            crash = {"crash": traceback.format_exc()[-3000:]}
+            if world() > 1:  # its peers may wait in a collective it will not join
+                _end(plan["out"], name, rank, crash, CRASH_EXIT_CODE)
+            # one rank goes on with its next task: nothing waits for it, and the runner, which takes the first task
+            # without every rank's record for the one that ended a launch, would blame the next task for this one
+            _record(plan["out"], name, rank, crash)
         finally:
             timer.cancel()
         gc.collect()
@@ -321,13 +327,17 @@ def main():
 def _end(out, name, rank, record, code):
     """Record ``record`` for the task and end this rank now (its peers may wait in a collective it will not join),
     its forkserver and DataLoader workers first (they would outlive it)."""
-    path = Path(out) / f"{name}.rank{rank}.json"
-    path.write_text(json.dumps(record))
-    print(f"flows: rank {rank}: {name}: {next(iter(record))}", file=sys.stderr, flush=True)
+    _record(out, name, rank, record)
     for pid in launch.descendants(os.getpid()):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     os._exit(code)
+
+
+def _record(out, name, rank, record):
+    path = Path(out) / f"{name}.rank{rank}.json"
+    path.write_text(json.dumps(record))
+    print(f"flows: rank {rank}: {name}: {next(iter(record))}", file=sys.stderr, flush=True)
 
 
 def _hang(out, name, rank):
