@@ -12,8 +12,8 @@ from scripts import KitError
 from scripts.flows import factors, judge, run
 
 DIFFERENCES = Path(__file__).resolve().parents[2] / "tests" / "flows" / "differences.toml"
-NUM_SAMPLES = {"accelerate": 32}  # the sample ids 0..N-1 of each job script's dataset
-KINDS = {"accelerate": ("resume", "order")}
+NUM_SAMPLES = {"accelerate": 32, "deepspeed": 32}  # the sample ids 0..N-1 of each job script's dataset
+KINDS = {"accelerate": ("resume", "order"), "deepspeed": ("resume", "release-order")}
 
 
 def differences(name: str, path: Path = DIFFERENCES) -> list[dict]:

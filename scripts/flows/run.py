@@ -15,6 +15,7 @@ recorded; its later tasks are launched again.
 import importlib.metadata
 import json
 import os
+import socket
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -133,8 +134,13 @@ def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
             plan.write_text(json.dumps({"out": str(out), "tasks": pending[(code, nproc)]}))
             env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
             env.update(OMP_NUM_THREADS="1", PYTHONPATH=pythonpath[code], DS_ACCELERATOR="cpu")
-            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-                       str(JOBS[name]), str(plan)]
+            if nproc == 1:  # what torch.distributed.run sets for one process, without its agent (1 s of CPU)
+                env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+                command = [sys.executable, str(JOBS[name]), str(plan)]
+            else:
+                command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", str(JOBS[name]), str(plan)]
             jobs.append(launch.Job(command, out.parent / "logs" / f"{tag}.log", LAUNCH_TIMEOUT, cwd=out.parent,
                                    env=env))
         sizes = ", ".join(f"{c} x{n}: {len(pending[(c, n)])} tasks" for c, n in keys)
@@ -143,14 +149,29 @@ def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
         say(f"flows: {name}: " + ", ".join(f"{c} x{n}: {r.seconds:.0f} s, {r.cpu_s or 0:.0f} s CPU"
                                            for (c, n), r in zip(keys, launches, strict=True)))
         for key, result in zip(keys, launches, strict=True):
-            tasks, nproc = pending[key], key[1]
-            done = 0
-            while done < len(tasks) and all(r is not None for r in records(out, tasks[done], nproc)):
-                done += 1
-            if done < len(tasks):  # the task that ended the launch
-                _record_missing(out, tasks[done], nproc, result)
-                done += 1
-            pending[key] = tasks[done:]
+            pending[key] = _left(out, pending[key], key[1], result)
+
+
+def _left(out, tasks, nproc, result):
+    """The tasks of a launch to launch again: those after the one that ended it. That one is the last task with a
+    ``hang`` or ``crash`` record (it recorded itself on every rank), else the first without a record of every rank
+    (the rest of its ranks are recorded as ``_record_missing`` says)."""
+    done = 0
+    while done < len(tasks) and all(r is not None for r in records(out, tasks[done], nproc)):
+        done += 1
+    if done == len(tasks):
+        return []
+    if done and any(r and ("hang" in r or "crash" in r) for r in records(out, tasks[done - 1], nproc)):
+        return tasks[done:]
+    _record_missing(out, tasks[done], nproc, result)
+    return tasks[done + 1:]
+
+
+def free_port() -> int:
+    """A TCP port of the loopback interface that is free now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _record_missing(out, task, nproc, result):

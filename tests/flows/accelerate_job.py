@@ -1,6 +1,7 @@
 """One rank of the Accelerate flows: training jobs that save and restart, run as the flow table's factors say.
 
 Run by ``scripts/flows`` as ``python -m torch.distributed.run --standalone --nproc_per_node=N accelerate_job.py PLAN``
+(one process: ``python accelerate_job.py PLAN`` with the environment torch.distributed.run would give it)
 with the code of one side on ``sys.path`` (the release's tree first, or the series as installed). ``PLAN`` is a JSON
 file: ``{"out": dir, "tasks": [{"flow", "column", "part", "factors", "folder"}, ...]}``; each task writes
 ``<out>/<flow>.<column>.<part>.rank<N>.json``. Parts:

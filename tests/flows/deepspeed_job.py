@@ -1,6 +1,7 @@
 """One rank of the DeepSpeed flows: training jobs with curriculum data sampling that checkpoint, crash and restart.
 
 Run by ``scripts/flows`` as ``python -m torch.distributed.run --standalone --nproc_per_node=N deepspeed_job.py PLAN``
+(one process: ``python deepspeed_job.py PLAN`` with the environment torch.distributed.run would give it)
 (``DS_ACCELERATOR=cpu``) with the code of one side on ``sys.path`` (the release's tree first, or the series as
 installed). ``PLAN`` is a JSON file: ``{"out": dir, "tasks": [{"flow", "column", "part", "factors", "folder"}, ...]}``;
 each task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``.
@@ -31,6 +32,7 @@ import gc
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -160,6 +162,7 @@ def engine_for(factors, folder, clusters):
     model = torch.nn.Linear(1, 1)
     engine, _, loader, _ = deepspeed.initialize(model=model, optimizer=PlainSGD(model.parameters()),
                                                 training_data=DATASET, config=config)
+    LOADERS.append(loader)
     return engine, loader
 
 
@@ -181,8 +184,12 @@ def train(engine, batches, steps):
 
 
 def stop(loader):
-    """Drop the loader's DataLoader iterator, so that its workers stop now (as tests/deepspeed/engine_worker.py)."""
+    """Drop the loader's DataLoader iterator, so that its workers stop now (as tests/deepspeed/engine_worker.py):
+    left to the garbage collector, it can wait 5 s for each worker."""
     loader.data_iterator = None
+
+
+LOADERS = []  # the loaders of the running task: stopped after it, also when it raised
 
 
 TRUTHS = {}  # the uninterrupted runs of this launch (one code, one number of ranks), per workers and clusters
@@ -260,7 +267,8 @@ def load_part(factors, folder):
         restore(factors, engine, loader, Path(folder) / "checkpoints", k)
         failed = None
     except Exception as e:  # a refusal: recorded, and no rank reads a batch
-        failed = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+        said = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch's weights-only message has terminal colours
+        failed = f"{type(e).__name__}: {said.splitlines()[0] if said else ''}"[:300]
     failures = [failed]
     if world() > 1:
         failures = [None] * world()
@@ -317,6 +325,9 @@ def main():
             _record(plan["out"], name, rank, crash)
         finally:
             timer.cancel()
+        for loader in LOADERS:
+            stop(loader)
+        LOADERS.clear()
         gc.collect()
         gc.freeze()
     barrier()

@@ -33,6 +33,11 @@ def accelerate_rows(tmp_path_factory):
     return _judged(tmp_path_factory, "accelerate")
 
 
+@pytest.fixture(scope="session")
+def deepspeed_rows(tmp_path_factory):
+    return _judged(tmp_path_factory, "deepspeed")
+
+
 def _params(name):
     return [pytest.param(flow["id"], id=flow["id"], marks=pytest.mark.xdist_group(f"flows-{name}"))
             for flow in SELECTION[name]]
@@ -50,3 +55,9 @@ def test_accelerate_flow_is_no_worse_than_the_release(accelerate_rows, flow):
     """The flow resumes on the code under test at least as well as on the release (exact or a clear error where
     the release is exact or errs; not uneven, hung or crashed where the release is merely wrong)."""
     _check(accelerate_rows[flow])
+
+
+@pytest.mark.parametrize("flow", _params("deepspeed"))
+def test_deepspeed_flow_is_no_worse_than_the_release(deepspeed_rows, flow):
+    """As the Accelerate test, for the curriculum sampler through the sampler's state and the engine's checkpoints."""
+    _check(deepspeed_rows[flow])
