@@ -575,7 +575,8 @@ def flows_records(folder: Path = sources.KIT_ROOT / "build" / "flows") -> dict:
     for path in sorted(folder.glob("*.json")):
         with contextlib.suppress(OSError, ValueError, KeyError):
             doc = json.loads(path.read_text())
-            found[doc["upstream"]] = {key: doc[key] for key in ("summary", "selection", "series_id")}
+            keys = ("summary", "selection", "series_id", "uncommitted")
+            found[doc["upstream"]] = {key: doc.get(key) for key in keys}
     return found
 
 

@@ -525,7 +525,7 @@ def flows_lines(doc: dict) -> list[str]:
     md = []
     for name, u in doc["upstreams"].items():
         flows = (doc.get("flows") or {}).get(name)
-        if not flows or flows.get("series_id") != u.get("series_id"):
+        if not flows or flows.get("series_id") != u.get("series_id") or flows.get("uncommitted"):
             md.append(f"- {name}: no flow table of this series is on record (`make flows`).")
             continue
         c = flows["summary"]

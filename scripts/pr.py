@@ -210,7 +210,7 @@ def flows_sentence(name: str, flows_file: Path, head: str) -> str:
         doc = json.loads(flows_file.read_text())
     except (OSError, ValueError):
         return "The flow table was not run on this series (`make flows`)."
-    if doc.get("series") != head:
+    if doc.get("series") != head or doc.get("uncommitted"):
         return f"The last `make flows` ran another version of this series ({str(doc.get('series'))[:12]})."
     counts = doc["summary"]
     listed = counts["regressions"] - counts["unlisted_regressions"]

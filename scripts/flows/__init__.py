@@ -17,14 +17,32 @@ KINDS = {"accelerate": ("resume", "order"), "deepspeed": ("resume", "release-ord
 
 
 def differences(name: str, path: Path = DIFFERENCES) -> list[dict]:
-    """The known and accepted differences of upstream ``name``: entries with ``match``, ``status`` (``known``: a
-    regression of the current series a later change fixes; ``accepted``: a difference the series keeps, stated in its
-    commit message), ``reason`` and optionally ``kind``. Raises KitError on an entry without those keys."""
-    entries = tomllib.loads(path.read_text()).get(name, [])
+    """The known and accepted differences of upstream ``name``: entries with ``match`` (factor = level or [levels] of
+    the entry's kind), ``status`` (``known``: a regression of the current series a later change fixes; ``accepted``: a
+    difference the series keeps, stated in its commit message), a ``reason`` and optionally ``kind`` (default
+    ``resume``). Raises KitError, naming the entry and what is wrong with it, on anything else."""
+    try:
+        entries = tomllib.loads(path.read_text()).get(name, [])
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise KitError(f"{path} cannot be read: {e}") from None
     for entry in entries:
-        if not {"match", "status", "reason"} <= entry.keys() or entry["status"] not in ("known", "accepted"):
-            raise KitError(f"{path}: an entry of [[{name}]] needs match, status (known or accepted) and reason: "
-                           f"{entry}")
+        kind = entry.get("kind", "resume")
+        problem = ""
+        if kind not in KINDS[name]:
+            problem = f"kind {kind!r} is not one of {', '.join(KINDS[name])}"
+        elif not isinstance(entry.get("match"), dict):
+            problem = "match must be a table of factor = level (or [levels])"
+        elif entry.get("status") not in ("known", "accepted") or not str(entry.get("reason", "")).strip():
+            problem = "it needs status (known or accepted) and a reason"
+        else:
+            levels = factors.UPSTREAMS[(name, kind)][0]
+            for factor, wanted in entry["match"].items():
+                listed = wanted if isinstance(wanted, list) else [wanted]
+                unknown = [w for w in listed if w not in levels.get(factor, [])]
+                if factor not in levels or unknown:
+                    problem = f"{factor} = {wanted!r} names no level of a factor of {name}'s {kind} flows"
+        if problem:
+            raise KitError(f"{path}: an entry of [[{name}]]: {problem}: {entry}")
     return entries
 
 

@@ -8,14 +8,21 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 
 from scripts import ArgumentParser, KitError, series, stack
 from scripts import flows as table
 from scripts.flows import judge, report
-from scripts.git import rev
+from scripts.git import git, rev
 from scripts.sources import KIT_ROOT
 
-OUT = KIT_ROOT / "build" / "flows"
+OUT = KIT_ROOT / "build" / "flows"  # the report the gate and make pr cite
+
+
+def uncommitted(name: str) -> list[str]:
+    """The paths ``git status`` names in the checkout of ``name`` (the series that ran is not its HEAD then)."""
+    lines = git(KIT_ROOT / "upstream" / name, "status", "--porcelain", check=False).stdout.splitlines()
+    return [line[3:] for line in lines if line.strip()]
 
 
 def main(argv: list[str]) -> int:
@@ -23,13 +30,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", choices=sorted(table.KINDS), action="append", help="this upstream only")
     parser.add_argument("--full", action="store_true", help="every triple of levels, not every pair")
     parser.add_argument("--jobs", type=int, default=2, help="launches side by side")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where the reports go (default {OUT})")
     parser.add_argument("--at", default="", metavar="REV",
                         help="run this commit of each checkout as the series (e.g. HEAD~3: the first of a stack of 4)")
     args = parser.parse_args(argv)
     unlisted = 0
     for name in args.only or sorted(table.KINDS):
         flows = table.selection(name, args.full)
-        work = OUT / "work" / name
+        work = args.out / "work" / name
         shutil.rmtree(work, ignore_errors=True)
         started = time.monotonic()
         try:
@@ -41,12 +49,13 @@ def main(argv: list[str]) -> int:
         counts, unused = judge.summary(rows), judge.unused(rows, table.differences(name))
         head = rev(KIT_ROOT / "upstream" / name, args.at or "HEAD")
         series_id = "" if args.at else stack.series_id(series.patch_files(KIT_ROOT / "patches" / name))
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{name}.md").write_text(report.markdown(name, rows, counts, f"{len(rows)}, {selection}; the series "
-                                                         f"at {head[:12]}", unused))
-        doc = report.document(name, rows, selection, head, unused) | {"series_id": series_id}
-        (OUT / f"{name}.json").write_text(json.dumps(doc, indent=1))
-        print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; build/flows/{name}.md)"
+        args.out.mkdir(parents=True, exist_ok=True)
+        text = report.markdown(name, rows, counts, f"{len(rows)}, {selection}; the series at {head[:12]}", unused)
+        (args.out / f"{name}.md").write_text(text)
+        doc = report.document(name, rows, selection, head, unused) | {"series_id": series_id,
+                                                                        "uncommitted": uncommitted(name)}
+        (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1))
+        print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; {args.out / name}.md)"
               + (f" [the series at {args.at}]" if args.at else ""))
         unlisted += counts["unlisted_regressions"]
     return 1 if unlisted else 0

@@ -5,31 +5,38 @@ Pure functions of the records ``scripts/flows/run.py`` collects (no file, no pro
 - ``exact``: the restarted job reads what the uninterrupted job reads after the checkpoint, on every process (with
   another number of processes at load: the same samples, each once, in every pass), and the uninterrupted job reads
   each sample once per epoch across the processes; ``order`` flows: the order of every reference;
-- ``error``: the restart refuses with an exception before any batch is read (fine where a flow cannot be resumed);
+- ``error``: the restart refuses, with an exception of the upstream's before any batch is read (a clear refusal:
+  fine where the release cannot resume the flow either); an ``AttributeError``, ``KeyError``, ``TypeError``,
+  ``IndexError``, ``NameError`` or ``UnboundLocalError`` there is a bug, not a refusal: ``crash``;
 - ``wrong``: anything else the processes read, said in numbers (batches that differ, samples read twice or never);
 - ``uneven``: the processes read different numbers of batches in one pass: a DDP job hangs in its next collective;
 - ``hang``: a task did not finish in its time; ``crash``: it raised after reading, or its process died.
 
 A column's outcome is the worst of its parts' (the uninterrupted run, the saving run, each pass of the restart). A flow
-is a ``regression`` when the series' outcome, or that of one part, is worse than the release's (``exact`` and
-``error`` rank the same), ``fixed`` when the series is ``exact`` and the release is not.
+is a ``regression`` when the series' outcome, or that of one part, is worse than the release's: a refusal where the
+release resumes exactly counts (the issue's rule counts only wrong, uneven, hang and crash; a series that refused
+every load would pass it), ``fixed`` when the series is ``exact`` and the release is not.
 """
 
 from collections import Counter
 
-RANK = {"exact": 0, "error": 0, "wrong": 1, "uneven": 2, "hang": 2, "crash": 2}
+ORDER = ("exact", "error", "wrong", "uneven", "hang", "crash")  # best first
+RANK = {"exact": 0, "error": 1, "wrong": 2, "uneven": 3, "hang": 3, "crash": 3}
+BUGS = ("AttributeError", "KeyError", "TypeError", "IndexError", "NameError", "UnboundLocalError")
 
 
 def _failure(records: list[dict | None], what: str) -> tuple[str, str] | None:
-    """``(hang | crash, detail)`` when a rank of a part has no result; None when every rank has one."""
-    for kind in ("hang", "crash"):
+    """``(crash | hang, detail)`` when a rank of a part crashed, hung or wrote no record (in that order: a crash is
+    what its peers then wait for); None when every rank has a result (or an ``error``)."""
+    for kind in ("crash", "hang"):
         for rank, record in enumerate(records):
-            if record is None:
-                return "crash", f"{what}: process {rank} wrote no record"
-            if kind in record:
+            if record is not None and kind in record:
                 lines = record[kind].strip().splitlines() or [""]
                 said = [line for line in lines if "Error" in line or "Exception" in line] or lines
                 return kind, f"{what}: process {rank}: {said[-1].strip()[:200]}"
+    for rank, record in enumerate(records):
+        if record is None:
+            return "crash", f"{what}: process {rank} wrote no record"
     return None
 
 
@@ -89,18 +96,27 @@ def resume_parts(save: list[dict | None], load: list[dict | None], num_samples: 
     if save[0].get("partition", True):
         parts["the uninterrupted run"] = _wrong(_partition([r["truth"] for r in save], num_samples))
     epoch, step = save[0]["epoch"], save[0]["step"]
-    parts["the saving run"] = _wrong("; ".join(filter(None, (
-        _compare(r["truth"][epoch][:len(r["before"]) + len(r["after"])], r["before"] + r["after"],
-                 f"the checkpoint changed the saving run on process {i}") for i, r in enumerate(save)))))
-    if any(record is not None and "error" in record for record in load):
-        errors = {record["error"] for record in load if record is not None and record.get("raised_here")}
-        return {**parts, "the restart": ("error", "; ".join(sorted(errors)))}
+    lengths = [len(r["before"]) + len(r["after"]) for r in save]
+    if len(set(lengths)) > 1:
+        parts["the saving run"] = ("uneven", f"the saving run: the processes read {lengths} batches in the epoch of "
+                                             "its checkpoint")
+    else:  # to the end of the epoch, or where the record says the saving run ends (it dies there)
+        parts["the saving run"] = _wrong("; ".join(filter(None, (
+            _compare(r["truth"][epoch][:r.get("saving_run_ends", len(r["truth"][epoch]))], r["before"] + r["after"],
+                     f"the checkpoint changed the saving run on process {i}") for i, r in enumerate(save)))))
     failed = _failure(load, "the restarted run")
     if failed:
         return {**parts, "the restart": failed}
+    if any("error" in record for record in load):
+        errors = sorted({record["error"] for record in load if record.get("raised_here")}) or [
+            next(record["error"] for record in load if "error" in record)]
+        kind = "crash" if any(error.startswith(BUGS) for error in errors) else "error"
+        return {**parts, "the restart": (kind, "the restart raised: " + "; ".join(errors))}
     passes = [] if save[0]["at_end"] else [("the rest of the epoch", [r["truth"][epoch][step:] for r in save])]
     if len(save[0]["truth"]) > epoch + 1:
         passes.append(("the next epoch", [r["truth"][epoch + 1] for r in save]))
+    if not passes:
+        raise ValueError("a save record with nothing after its checkpoint to judge the restart by")
     for index, (what, wanted) in enumerate(passes):
         got = [r["loops"][index] for r in load]
         lengths = [len(batches) for batches in got]
@@ -120,7 +136,7 @@ def _wrong(detail: str | None) -> tuple[str, str]:
 
 def worst(parts: dict[str, tuple[str, str]]) -> tuple[str, str]:
     """A column's outcome: the worst of its parts', with the details of every part that is not exact."""
-    outcome = max((o for o, _ in parts.values()), key=lambda o: (RANK[o], o == "error"))
+    outcome = max((o for o, _ in parts.values()), key=ORDER.index)
     return outcome, "; ".join(d for o, d in parts.values() if o != "exact" and d)
 
 
@@ -167,8 +183,8 @@ def outcome(kind: str, parts: dict, num_samples: int, release: dict | None = Non
 
 def verdict(release: dict, series: dict) -> str:
     """``regression``, ``fixed`` or ``same`` for the two columns' parts of a flow: a regression when the series'
-    outcome, or that of a part both columns have, is worse than the release's (``exact`` and ``error`` rank the
-    same); fixed when the series is exact and the release is not."""
+    outcome, or that of a part both columns have, ranks worse than the release's (``RANK``); fixed when the series
+    is exact and the release is not."""
     release_outcome, series_outcome = worst(release)[0], worst(series)[0]
     shared = release.keys() & series.keys()
     if RANK[series_outcome] > RANK[release_outcome] or any(RANK[series[p][0]] > RANK[release[p][0]] for p in shared):

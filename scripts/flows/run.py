@@ -20,13 +20,15 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from scripts import launch, worktree
+from scripts import KitError, launch, worktree
 from scripts.git import rev
 
 KIT = Path(__file__).resolve().parents[2]
 JOBS = {"accelerate": KIT / "tests" / "flows" / "accelerate_job.py", "deepspeed": KIT / "tests" / "flows" /
         "deepspeed_job.py"}
-LAUNCH_TIMEOUT = 900  # seconds for one launch; a task that hangs ends its launch after the job's TASK_TIMEOUT
+# seconds for one launch: start-up, then each task at most the job's TASK_TIMEOUT (after which the task records a hang
+# and ends its launch); the launch's timeout is only the net below that
+START_TIMEOUT, TASK_TIMEOUT = 120, float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))
 ROUNDS = 12  # launches of one group at most (each after a task that ended its launch)
 
 
@@ -63,13 +65,25 @@ def tasks_of(flow: dict, work: Path) -> list[dict]:
     return out
 
 
+def _commit(name: str, revision: str, what: str) -> str:
+    """The commit ``revision`` of the kit's checkout of ``name``; KitError saying what to do when there is none."""
+    repo = KIT / "upstream" / name
+    if not (repo / ".git").exists():
+        raise KitError(f"no checkout upstream/{name}: run make apply first")
+    try:
+        return rev(repo, revision)
+    except KitError:
+        raise KitError(f"upstream/{name} has no commit {revision!r} ({what}): name one of `git -C upstream/{name} "
+                       "log`, e.g. HEAD~1") from None
+
+
 def release_tree(name: str, work: Path) -> Path:
     """A tree of the pristine release of upstream ``name`` that this Python has installed, under ``work``; returns
-    the directory to put on ``PYTHONPATH``. Raises KitError (scripts.git) when the kit's checkout has no
-    ``base/<version>`` of it (``make apply`` makes it)."""
+    the directory to put on ``PYTHONPATH``. Raises KitError when the kit's checkout has no ``base/<version>`` of it
+    (``make apply`` makes it)."""
     version = importlib.metadata.version(name).split("+")[0]
-    repo = KIT / "upstream" / name
-    tree = worktree.add(repo, work / f"{name}-{version}", rev(repo, f"base/{version}"))
+    commit = _commit(name, f"base/{version}", f"the pristine {version}: run make apply")
+    tree = worktree.add(KIT / "upstream" / name, work / f"{name}-{version}", commit)
     return worktree.package_dir(tree, name)
 
 
@@ -85,8 +99,8 @@ def records(out: Path, task: dict, nproc: int) -> list[dict | None]:
 def series_tree(name: str, commit: str, work: Path) -> Path:
     """A tree of ``commit`` of the kit's checkout of ``name`` (a commit of its series, say) under ``work``; returns
     the directory to put on ``PYTHONPATH``. Raises KitError when git does not know the commit."""
-    repo = KIT / "upstream" / name
-    tree = worktree.add(repo, work / f"{name}-at-{commit.replace('/', '-')}", rev(repo, commit))
+    found = _commit(name, commit, "make flows AT=")
+    tree = worktree.add(KIT / "upstream" / name, work / f"{name}-at-{found[:12]}", found)
     return worktree.package_dir(tree, name)
 
 
@@ -114,10 +128,22 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
             if task_phase == phase:
                 groups[(code, nproc)].append(task)
         _run_phase(name, phase, groups, out, pythonpath, parallel, say)
-        for (_, nproc), tasks in groups.items():
+        for (code, nproc), tasks in groups.items():
             for task in tasks:
-                results[(task["flow"], task["column"])][task["part"]] = records(out, task, nproc)
+                found = records(out, task, nproc)
+                _check_code(name, code, tree, found, task)
+                results[(task["flow"], task["column"])][task["part"]] = found
     return dict(results)
+
+
+def _check_code(name: str, code: str, release: Path, found: list[dict | None], task: dict) -> None:
+    """Raise KitError when a record of ``task`` was written by another code than its launch's (its ``module``: the
+    upstream's ``__init__.py`` it imported): the release's tree for ``release``, any other for ``series``."""
+    for record in found:
+        module = (record or {}).get("module")
+        if module and (Path(module).resolve().is_relative_to(release.resolve())) != (code == "release"):
+            raise KitError(f"flows: {task['flow']} ({task['column']}, {task['part']}) ran {name} from {module}, not "
+                           f"the {code}'s code: check PYTHONPATH and the editable install of upstream/{name}")
 
 
 def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
@@ -127,10 +153,11 @@ def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
         pending = {key: tasks for key, tasks in pending.items() if tasks}
         if not pending:
             return
-        jobs, keys = [], list(pending)
+        jobs, keys, plans = [], list(pending), {}
         for code, nproc in keys:
             tag = f"{name}-phase{phase}-{code}-x{nproc}-{round_}"
             plan = out.parent / f"plan-{tag}.json"
+            plans[(code, nproc)] = plan
             plan.write_text(json.dumps({"out": str(out), "tasks": pending[(code, nproc)]}))
             env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
             env.update(OMP_NUM_THREADS="1", PYTHONPATH=pythonpath[code], DS_ACCELERATOR="cpu")
@@ -141,14 +168,19 @@ def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
             else:
                 command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc_per_node={nproc}", str(JOBS[name]), str(plan)]
-            jobs.append(launch.Job(command, out.parent / "logs" / f"{tag}.log", LAUNCH_TIMEOUT, cwd=out.parent,
-                                   env=env))
+            timeout = START_TIMEOUT + TASK_TIMEOUT * len(pending[(code, nproc)])
+            jobs.append(launch.Job(command, out.parent / "logs" / f"{tag}.log", timeout, cwd=out.parent, env=env))
         sizes = ", ".join(f"{c} x{n}: {len(pending[(c, n)])} tasks" for c, n in keys)
         say(f"flows: {name}: phase {phase}, round {round_ + 1}: launching {len(jobs)} ({sizes})")
         launches = launch.run_all(jobs, parallel)
         say(f"flows: {name}: " + ", ".join(f"{c} x{n}: {r.seconds:.0f} s, {r.cpu_s or 0:.0f} s CPU"
                                            for (c, n), r in zip(keys, launches, strict=True)))
         for key, result in zip(keys, launches, strict=True):
+            started = [out / f"{plans[key].stem}.rank{rank}.started" for rank in range(key[1])]
+            if not all(path.exists() for path in started):
+                raise KitError(f"flows: the launch of {name}'s {key[0]} on {key[1]} processes ended before its first "
+                               f"task ({'timed out' if result.timed_out else f'exit {result.returncode}'}); its log "
+                               f"{result.log}: {result.tail(400)}")
             pending[key] = _left(out, pending[key], key[1], result)
 
 

@@ -29,6 +29,7 @@ import threading
 import traceback
 from pathlib import Path
 
+import accelerate
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -43,7 +44,6 @@ NUM_SAMPLES = 32
 BATCH_SIZE = 4
 TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))  # seconds
 HANG_EXIT_CODE = 4
-TORCH_DEFAULT_SEED = torch.initial_seed()  # what torch's generator holds in a fresh process (67280421310721)
 
 
 class ShardedStream(IterableDataset):
@@ -89,15 +89,16 @@ class PythonRandomBatches(BatchSampler):
 
 def seed(seeding, rank):
     """The random state a (re)started process has before it builds the job: ``one-seed``: ``set_seed(1234)`` on every
-    process; ``per-process``: ``set_seed(1000 + rank)``; ``none``: a fresh process (torch's default seed, the same on
-    every process; Python's and numpy's seeded per process, as the OS seeds them, but fixed so that runs repeat);
+    process; ``per-process``: ``set_seed(1000 + rank)``; ``none``: as a fresh process, whose torch, numpy and Python
+    generators torch and the OS seed at random, another seed per process (here fixed per process, 9000 + rank, so
+    that runs repeat; unlike ``set_seed`` nothing else is seeded);
     ``own-generator``: ``set_seed(1234)``, and the loader gets a generator of its own (``loader_of``)."""
     if seeding in ("one-seed", "own-generator"):
         set_seed(1234)
     elif seeding == "per-process":
         set_seed(1000 + rank)
     elif seeding == "none":
-        torch.manual_seed(TORCH_DEFAULT_SEED)
+        torch.manual_seed(9000 + rank)
         random.seed(9000 + rank)
         np.random.seed(9000 + rank)
     else:
@@ -160,6 +161,16 @@ def checkpoint_step(factors):
     processes = 1 if factors["loader"] == "split-batches" else int(factors["processes"].split("-")[0])
     per_epoch = NUM_SAMPLES // BATCH_SIZE // processes
     return {"first-batch": 0, "mid-epoch": per_epoch // 2, "epoch-end": per_epoch}[factors["when"]]
+
+
+def batches_read(factors):
+    """Batches of the checkpoint's epoch each restarted process skips: the batches all saving processes read before
+    the checkpoint, shared among the loading processes (a user's script counts the steps it saved at; with
+    ``split_batches`` a step is one batch on any number of processes)."""
+    saves, _, loads = factors["processes"].partition("-")
+    if factors["loader"] == "split-batches":
+        return checkpoint_step(factors)
+    return checkpoint_step(factors) * int(saves) // int(loads or saves)
 
 
 def save(accelerator, factors, loader, folder, rank):
@@ -257,7 +268,7 @@ def load_part(accelerator, factors, folder, rank):
     loops = []
     if factors["when"] != "epoch-end":
         if factors["loader"] == "skip-first-batches":
-            loops.append(epoch(accelerator.skip_first_batches(loader, checkpoint_step(factors)), factors))
+            loops.append(epoch(accelerator.skip_first_batches(loader, batches_read(factors)), factors))
         else:
             loops.append(epoch(loader, factors))
     loops.append(epoch(loader, factors))
@@ -290,7 +301,7 @@ def run_task(accelerator, task, out, rank):
         result = load_part(accelerator, factors, task["folder"], rank)
     else:
         result = order_part(accelerator, factors, rank)
-    result["world_size"] = accelerator.num_processes
+    result.update(world_size=accelerator.num_processes, module=accelerate.__file__)
     path.with_suffix(".tmp").write_text(json.dumps(result))
     path.with_suffix(".tmp").replace(path)
 
@@ -301,6 +312,7 @@ def main():
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
     gc.freeze()  # the full collections of free_memory() then look only at what a task made (as tests/rank_worker.py)
+    Path(plan["out"], f"{Path(sys.argv[1]).stem}.rank{rank}.started").touch()  # the runner tells start-up failures
     for task in plan["tasks"]:
         name = f"{task['flow']}.{task['column']}.{task['part']}"
         timer = threading.Timer(TASK_TIMEOUT, _hang, (plan["out"], name, rank))

@@ -255,7 +255,7 @@ def save_part(factors, folder):
     stop(loader)
     return {"truth": [truth], "epoch": 0, "step": 0 if factors["path"] == "module-only" else k * GAS, "at_end": False,
             "partition": False, "before": read[:k * GAS], "after": read[k * GAS:], "checkpoint_step": k,
-            "crash_step": m}
+            "crash_step": m, "saving_run_ends": m * GAS}
 
 
 def load_part(factors, folder):
@@ -291,7 +291,7 @@ def run_task(task, out, rank):
         result = load_part(factors, folder)
     else:
         result = {"run": truth_of(factors, folder)}
-    result.update(world_size=world(), deepspeed=deepspeed.__file__)
+    result.update(world_size=world(), module=deepspeed.__file__)
     path = Path(out) / f"{task['flow']}.{task['column']}.{part}.rank{rank}.json"
     path.with_suffix(".tmp").write_text(json.dumps(result))
     path.with_suffix(".tmp").replace(path)
@@ -310,6 +310,7 @@ def main():
     deepspeed.init_distributed("gloo")
     rank = dist.get_rank()
     gc.freeze()
+    Path(plan["out"], f"{Path(sys.argv[1]).stem}.rank{rank}.started").touch()  # the runner tells start-up failures
     for task in plan["tasks"]:
         name = f"{task['flow']}.{task['column']}.{task['part']}"
         timer = threading.Timer(TASK_TIMEOUT, _hang, (plan["out"], name, rank))

@@ -7,6 +7,9 @@ regressions, and the release put in the series' place must come out the same as 
 import json
 import shutil
 
+import pytest
+
+from scripts import KitError
 from scripts import flows as table
 from scripts.flows import factors, judge, report, run
 
@@ -65,10 +68,37 @@ def test_an_uninterrupted_run_that_is_no_partition_and_a_checkpoint_that_changes
 def test_a_refusal_before_the_first_batch_is_an_error_and_a_missing_record_a_crash():
     refused = [{"error": "ValueError: saved by 2 processes, loaded by 4", "raised_here": True}, {"error": "x"}]
     assert judge.worst(judge.resume_parts(saved(), refused, N)) == (
-        "error", "ValueError: saved by 2 processes, loaded by 4")
+        "error", "the restart raised: ValueError: saved by 2 processes, loaded by 4")
     assert judge.worst(judge.resume_parts(saved(), [{"hang": "no result after 90 s"}, None], N))[0] == "hang"
     assert judge.worst(judge.resume_parts(saved(), [{"loops": [[], []]}, None], N)) == (
         "crash", "the restarted run: process 1 wrote no record")
+
+
+def test_a_bug_raised_at_load_is_a_crash_and_an_error_hides_no_crash_of_another_process():
+    bug = [{"error": "AttributeError: 'NoneType' object has no attribute 'x'", "raised_here": True}] * 2
+    assert judge.worst(judge.resume_parts(saved(), bug, N))[0] == "crash"
+    refused = {"error": "ValueError: x", "raised_here": True}
+    assert judge.worst(judge.resume_parts(saved(), [refused, {"crash": "Traceback\nOSError: gone"}], N)) == (
+        "crash", "the restarted run: process 1: OSError: gone")
+    assert judge.worst(judge.resume_parts(saved(), [{"crash": "RuntimeError: a"}, {"hang": "b"}], N))[0] == "crash"
+
+
+def test_a_checkpoint_that_ends_one_process_early_leaves_the_saving_run_uneven():
+    cut = [save_record(TRUTH[0], 1), save_record(TRUTH[1], 1, after=[])]
+    parts = judge.resume_parts(cut, loaded([[[2, 3]], [[6, 7]]], [TRUTH[0][1], TRUTH[1][1]]), N)
+    assert parts["the saving run"][0] == "uneven"
+    short = [save_record(TRUTH[0], 1, after=[]), save_record(TRUTH[1], 1, after=[])]
+    parts = judge.resume_parts(short, loaded([[[2, 3]], [[6, 7]]], [TRUTH[0][1], TRUTH[1][1]]), N)
+    assert parts["the saving run"][0] == "wrong"
+    dies = [dict(save_record(t, 1, after=[]), saving_run_ends=1) for t in TRUTH]  # the record says it dies there
+    parts = judge.resume_parts(dies, loaded([[[2, 3]], [[6, 7]]], [TRUTH[0][1], TRUTH[1][1]]), N)
+    assert parts["the saving run"] == ("exact", "")
+
+
+def test_a_record_with_nothing_after_its_checkpoint_is_refused():
+    at_end = [save_record([t[0]], 2, at_end=True) for t in TRUTH]
+    with pytest.raises(ValueError, match="nothing after its checkpoint"):
+        judge.resume_parts(at_end, [{"loops": [[[9]]]}] * 2, N)
 
 
 def test_another_number_of_processes_is_judged_on_the_samples_of_all_processes():
@@ -85,7 +115,9 @@ def test_a_regression_is_a_part_the_series_handles_worse():
     wrong_next = {"the rest of the epoch": ("exact", ""), "the next epoch": ("wrong", "d")}
     wrong_rest = {"the rest of the epoch": ("wrong", "d"), "the next epoch": ("wrong", "d")}
     assert judge.verdict(exact, exact) == "same"
-    assert judge.verdict(exact, {"the restart": ("error", "refused")}) == "same"
+    assert judge.verdict(exact, {"the restart": ("error", "refused")}) == "regression"  # the release resumed it
+    assert judge.verdict({"the restart": ("error", "a")}, {"the restart": ("error", "b")}) == "same"
+    assert judge.verdict(wrong_rest, {"the restart": ("error", "refused")}) == "same"
     assert judge.verdict(wrong_next, wrong_rest) == "regression"  # both wrong, the series in one more part
     assert judge.verdict(wrong_rest, {"the rest of the epoch": ("uneven", "d")}) == "regression"
     assert judge.verdict(wrong_rest, exact) == "fixed"
@@ -116,6 +148,20 @@ def test_the_differences_file_names_a_status_and_a_reason_for_every_entry():
     for name in table.KINDS:
         for entry in table.differences(name):
             assert entry["reason"] and entry["status"] in ("known", "accepted")
+
+
+@pytest.mark.parametrize("text, says", [
+    ('[[accelerate]]\nstatus = "known"\nmatch = "saver=main-only"\nreason = "r"\n', "match must be a table"),
+    ('[[accelerate]]\nstatus = "known"\nkind = "orders"\nmatch = {}\nreason = "r"\n', "kind 'orders'"),
+    ('[[accelerate]]\nstatus = "known"\nmatch = {}\nreason = ""\n', "a reason"),
+    ('[[accelerate]]\nstatus = "known"\nmatch = { saver = "main_only" }\nreason = "r"\n', "names no level"),
+    ("[[accelerate]\n", "cannot be read"),
+])
+def test_a_malformed_differences_entry_is_one_line_naming_it(tmp_path, text, says):
+    path = tmp_path / "differences.toml"
+    path.write_text(text)
+    with pytest.raises(KitError, match=says):
+        table.differences("accelerate", path)
 
 
 def test_a_report_leads_with_the_summary_line():
