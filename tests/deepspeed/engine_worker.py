@@ -15,17 +15,22 @@ each of its checkpoints, of a new engine that loads it with the same ``data_clus
 restarted job does, then the older ones). For each of these runs it also records, per micro-batch training takes,
 the ``consumed_samples`` that ``post_process_func`` receives with it (``consumed``) and, for the run that died, how
 many reshuffles this rank's sampler had made by then (``died_reshuffles``; the DataLoader's workers prefetch ahead).
+With workers it also restarts from the last checkpoint with the iterator made *before* ``engine.load_checkpoint()``
+(``RepeatingLoader`` makes it in its constructor), saves after ``STEPS_AFTER // 2`` steps and trains
+on, and a second restart loads that checkpoint (``iterator_before_load``: its micro-batches, or the traceback).
 This script only records; the parent test compares and asserts. A scenario that raises records its traceback
 instead.
 """
 
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import deepspeed
 import deepspeed.comm as dist
 import torch
+from deepspeed.runtime.dataloader import RepeatingLoader
 from scenarios import ONE_EPOCH, SEED, SEVERAL_CLUSTERS, SINGLE_CLUSTER, with_index_to_sample  # next to this script
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
@@ -152,7 +157,9 @@ def scenario(out_dir, name):
         consumed["resumed"][str(step)] = observe(engine, loader)["consumed"]
         resumed[str(step)] = train(engine, iter(loader), STEPS_AFTER)
         stop_workers(loader)
+    iterator_before_load = restart_with_iterator_before_load(metric, cluster_dir, checkpoints) if num_workers else None
     return {
+        "iterator_before_load": iterator_before_load,
         "uninterrupted": uninterrupted,
         "died": died,
         "resumed": resumed,
@@ -161,6 +168,30 @@ def scenario(out_dir, name):
         "num_workers": num_workers,
         "gradient_accumulation": GRADIENT_ACCUMULATION,
     }
+
+
+def restart_with_iterator_before_load(metric, cluster_dir, checkpoints):
+    """The restart from the last checkpoint whose iterator is made before ``engine.load_checkpoint()``; it saves after
+    ``STEPS_AFTER // 2`` steps, trains on to ``STEPS_AFTER`` and dies; a second restart loads that checkpoint and
+    makes its iterator after the load. Records what the scenario's other runs need not: an error here is a result."""
+    saved_after, loader = STEPS_AFTER // 2, None
+    try:
+        engine, loader = engine_for(metric, 2, cluster_dir)
+        batches = RepeatingLoader(loader)  # its workers prefetch from the fresh sampler
+        engine.load_checkpoint(checkpoints, tag=f"step{SAVE_AT[-1]}")
+        first = train(engine, batches, saved_after)
+        engine.save_checkpoint(checkpoints, tag="iterator-before-load")
+        first += train(engine, batches, STEPS_AFTER - saved_after)
+        stop_workers(loader)
+        engine, loader = engine_for(metric, 2, cluster_dir)
+        engine.load_checkpoint(checkpoints, tag="iterator-before-load")
+        second = train(engine, iter(loader), STEPS_AFTER - saved_after)
+    except Exception:  # noqa: BLE001 - the release raises here (IndexError); the test reports it
+        return {"error": traceback.format_exc()}
+    finally:
+        if loader is not None:
+            stop_workers(loader)
+    return {"step": SAVE_AT[-1], "saved_after": saved_after, "first": first, "second": second}
 
 
 def main():

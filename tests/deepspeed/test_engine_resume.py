@@ -20,7 +20,9 @@ as of the DataLoader's prefetch (dataloader.py lines 129-139): the resume goes o
 micro-batches later; the last checkpoint is in a prefetch window before a reshuffle (a guard checks it). Those
 marked ``regression("deepspeed", "consumed-samples")`` compare the ``consumed_samples`` that ``post_process_func``
 receives after each restart with the uninterrupted run's, and fail while the sampler counts a micro-batch only after
-its ``yield`` (data_sampler.py line 313).
+its ``yield`` (data_sampler.py line 313). With workers, a restart also makes its iterator before ``load_checkpoint()``
+(``RepeatingLoader``): marked ``io-workers``, it fails while the DataLoader keeps what its workers prefetched from the
+fresh sampler.
 """
 
 import os
@@ -153,6 +155,32 @@ def test_workers_scenario_saves_in_a_prefetch_window_before_a_reshuffle(launches
     assert with_workers["died"] == without["died"], "the run with workers trains on other micro-batches"
     reshuffles = (without["died_reshuffles"][index], with_workers["died_reshuffles"][index])
     assert reshuffles[1] > reshuffles[0], f"reshuffles by the last checkpoint, without and with workers: {reshuffles}"
+
+
+@pytest.mark.regression("deepspeed", "io-workers")
+@pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
+def test_engine_restart_with_iterator_made_before_load_checkpoint_matches_uninterrupted_run(launches, nproc):
+    """With ``data_sampling.num_workers = 2`` a restart that makes its iterator (``RepeatingLoader``) before
+    ``engine.load_checkpoint()`` trains on the uninterrupted run's batches, not on the micro-batches its workers
+    prefetched from the fresh sampler; the checkpoint it saves holds what it consumed, so a second restart from it
+    reads what the first one read."""
+    for result in rank_results(launches(nproc), nproc, "several_clusters-num_workers2"):
+        restart = result["iterator_before_load"]
+        assert "error" not in restart, f"rank {result['rank']}: the restart raised\n{restart.get('error')}"
+        start = restart["step"] * result["gradient_accumulation"]
+        expected = result["uninterrupted"][start : start + len(restart["first"])]
+        index = first_difference(expected, restart["first"])
+        assert index is None, (
+            f"rank {result['rank']}: restarted from step {restart['step']} with the iterator made before the load; "
+            f"micro-batch {start + index} is the first to differ from the uninterrupted run ({index} matched): "
+            f"restarted {restart['first'][index]}, uninterrupted {expected[index]}"
+        )
+        saved = restart["saved_after"] * result["gradient_accumulation"]
+        index = first_difference(restart["first"][saved:], restart["second"])
+        assert index is None, (
+            f"rank {result['rank']}: the checkpoint saved {restart['saved_after']} steps into that restart resumes "
+            f"elsewhere: its micro-batch {index} differs from the one the first restart read"
+        )
 
 
 @pytest.mark.regression("deepspeed", "consumed-samples")

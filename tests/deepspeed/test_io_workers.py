@@ -10,9 +10,16 @@ resume at every micro-batch of a *prefetch window before a reshuffle*, where the
 that the consumed state still reads: the run finds those micro-batches itself (a reshuffle counted by the time
 training takes micro-batch k with workers but not without them), on one and two data-parallel ranks, with one
 cluster and with several; and after a new ``DataLoader`` iterator. The guard checks that the windows exist.
+
+A restart may make its iterator before it loads the checkpoint (``RepeatingLoader`` does in its constructor, scripts
+call ``iter(engine.training_dataloader)`` right after ``deepspeed.initialize()``): with workers the ``DataLoader`` has
+prefetched from the fresh sampler by then, and those micro-batches must not reach training, nor the state saved next.
+A ``DataLoader`` iterated directly (``loader.dataloader``: nobody reports what training takes) must keep a bounded
+state of the micro-batches training took.
 """
 
 import pytest
+from deepspeed.runtime.dataloader import RepeatingLoader
 
 from tests.deepspeed.sampling import first_divergence, make_loader, take_from_loader, through_checkpoint
 from tests.deepspeed.scenarios import SCENARIOS
@@ -111,3 +118,71 @@ def test_resume_after_a_new_dataloader_iterator_matches_uninterrupted_run(tmp_pa
     expected, actual = run("uninterrupted", resume=False), run("resumed", resume=True)
     index = first_divergence(expected, actual)
     assert index is None, f"micro-batch {index + 1} after the resume differs from the uninterrupted run's"
+
+
+def ids(batch):
+    return [int(i) for i in batch[:, 0]]
+
+
+@pytest.mark.regression("deepspeed", "io-workers")
+@pytest.mark.parametrize("make_iterator", [RepeatingLoader, iter], ids=["RepeatingLoader", "iter"])
+@pytest.mark.parametrize(("dp_rank", "dp_size"), [(0, 1), (1, 2)], ids=["rank0of1", "rank1of2"])
+def test_restart_with_iterator_made_before_load_matches_uninterrupted_run(tmp_path, make_iterator, dp_rank, dp_size):
+    """The iterator is made, then the checkpoint loaded: the restart reads the uninterrupted run's micro-batches, and
+    the state it saves (in a prefetch window before a reshuffle) resumes a second restart where the first stood."""
+    metric, resume_at = SCENARIOS["several_clusters"], 3
+    expected, windows = prefetch_windows(tmp_path, metric, dp_rank, dp_size)
+    saved_at = next(k for k in windows if k > resume_at + PREFETCH)
+    loader = make_loader(tmp_path, "run", metric, 2, dp_rank, dp_size)
+    take_from_loader(loader, resume_at)
+    state = through_checkpoint(loader.data_sampler.state_dict())
+
+    loader = make_loader(tmp_path, "run", metric, 2, dp_rank, dp_size)
+    batches = make_iterator(loader)  # its workers prefetch from the fresh sampler
+    loader.data_sampler.load_state_dict(state)
+    first = [ids(next(batches)) for _ in range(saved_at - resume_at)]
+    saved = through_checkpoint(loader.data_sampler.state_dict())
+    first += [ids(next(batches)) for _ in range(NUM_BATCHES - saved_at)]
+    loader.data_iterator = None
+    index = first_divergence(expected[resume_at:], first)
+    assert index is None, (
+        f"restarted after micro-batch {resume_at} with the iterator made before the load: micro-batch "
+        f"{resume_at + index + 1} is the first to differ from the uninterrupted run's; the first four read "
+        f"{first[:PREFETCH]}, micro-batches read before the checkpoint {expected[:resume_at]}"
+    )
+
+    loader = make_loader(tmp_path, "run", metric, 2, dp_rank, dp_size)
+    loader.data_sampler.load_state_dict(saved)
+    second = take_from_loader(loader, NUM_BATCHES - saved_at)
+    index = first_divergence(first[saved_at - resume_at :], second)
+    assert index is None, (
+        f"the state saved after micro-batch {saved_at} of that restart resumes elsewhere: micro-batch "
+        f"{saved_at + index + 1} differs from the one the restart read"
+    )
+
+
+@pytest.mark.regression("deepspeed", "io-workers")
+def test_dataloader_iterated_directly_checkpoints_what_training_took(tmp_path):
+    """Iterating ``loader.dataloader`` itself, past the prefetch windows of a run: the state is that of the
+    micro-batches taken (a restart from it reads what the same iterator reads next), and the sampler keeps at most a
+    prefetch of resume points, not one per micro-batch of the run."""
+    metric, taken = SCENARIOS["several_clusters"], NUM_BATCHES - 10
+    loader = make_loader(tmp_path, "run", metric, 2)
+    iter(loader)
+    loader.data_iterator = None  # a first iterator, dropped with its prefetch (loader.dataloader exists now)
+    sampler, batches = loader.data_sampler, iter(loader.dataloader)
+    for _ in range(taken):
+        next(batches)
+    state = through_checkpoint(sampler.state_dict())
+    expected = [ids(next(batches)) for _ in range(10)]
+    del batches  # its workers stop
+    loader = make_loader(tmp_path, "run", metric, 2)
+    loader.data_sampler.load_state_dict(state)
+    index = first_divergence(expected, take_from_loader(loader, 10))
+    assert index is None, (
+        f"the state after {taken} micro-batches of the DataLoader iterated directly resumes elsewhere: micro-batch "
+        f"{taken + index + 1} differs (the state counts {state['consumed_samples']} consumed samples, training "
+        f"took {2 * taken} after the {2 * PREFETCH} of the dropped iterator)"
+    )
+    kept = len(sampler._prefetched)
+    assert kept <= PREFETCH + 1, f"the sampler keeps {kept} resume points after {taken + 10} micro-batches"
