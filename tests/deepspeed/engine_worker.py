@@ -15,16 +15,18 @@ each of its checkpoints, of a new engine that loads it with the same ``data_clus
 restarted job does, then the older ones). For each of these runs it also records, per micro-batch training takes,
 the ``consumed_samples`` that ``post_process_func`` receives with it (``consumed``) and, for the run that died, how
 many reshuffles this rank's sampler had made by then (``died_reshuffles``; the DataLoader's workers prefetch ahead).
-With workers it also restarts from the last checkpoint with the iterator made *before* ``engine.load_checkpoint()``
-(``RepeatingLoader`` makes it in its constructor), saves after ``STEPS_AFTER // 2`` steps and trains
-on, and a second restart loads that checkpoint (``iterator_before_load``: its micro-batches, or the traceback).
+The scenario ``several_clusters-num_workers2-iterator_before_load`` (run after ``several_clusters-num_workers2``,
+whose cluster files and checkpoints it reads) restarts from the last checkpoint with the iterator made *before*
+``engine.load_checkpoint()`` (``RepeatingLoader`` makes it in its constructor), saves after ``STEPS_AFTER // 2``
+steps and trains on (``first``); a second restart loads that checkpoint (``second``). A scenario of its own: where
+the restart raises on global rank 0 alone (the release: an IndexError), the other ranks wait in the sampler's
+broadcast, and only a scenario that raises ends the launch at once.
 This script only records; the parent test compares and asserts. A scenario that raises records its traceback
 instead.
 """
 
 import os
 import sys
-import traceback
 from pathlib import Path
 
 import deepspeed
@@ -49,7 +51,9 @@ SCENARIOS = {
     "single_cluster": (SINGLE_CLUSTER, 0),
     "several_clusters": (SEVERAL_CLUSTERS, 0),
     "several_clusters-num_workers2": (SEVERAL_CLUSTERS, 2),
+    "several_clusters-num_workers2-iterator_before_load": (SEVERAL_CLUSTERS, 2),
 }
+ITERATOR_BEFORE_LOAD = "-iterator_before_load"
 
 
 def engine_for(metric, num_workers, cluster_dir):
@@ -132,6 +136,8 @@ def stop_workers(loader):
 
 def scenario(out_dir, name):
     metric, num_workers = SCENARIOS[name]
+    if name.endswith(ITERATOR_BEFORE_LOAD):
+        return restart_with_iterator_before_load(metric, os.path.join(out_dir, name[: -len(ITERATOR_BEFORE_LOAD)]))
     root = os.path.join(out_dir, name)
     engine, loader = engine_for(metric, num_workers, os.path.join(root, "clusters-uninterrupted"))
     consumed = {"uninterrupted": observe(engine, loader)["consumed"], "resumed": {}}
@@ -157,9 +163,7 @@ def scenario(out_dir, name):
         consumed["resumed"][str(step)] = observe(engine, loader)["consumed"]
         resumed[str(step)] = train(engine, iter(loader), STEPS_AFTER)
         stop_workers(loader)
-    iterator_before_load = restart_with_iterator_before_load(metric, cluster_dir, checkpoints) if num_workers else None
     return {
-        "iterator_before_load": iterator_before_load,
         "uninterrupted": uninterrupted,
         "died": died,
         "resumed": resumed,
@@ -170,27 +174,23 @@ def scenario(out_dir, name):
     }
 
 
-def restart_with_iterator_before_load(metric, cluster_dir, checkpoints):
-    """The restart from the last checkpoint whose iterator is made before ``engine.load_checkpoint()``; it saves after
-    ``STEPS_AFTER // 2`` steps, trains on to ``STEPS_AFTER`` and dies; a second restart loads that checkpoint and
-    makes its iterator after the load. Records what the scenario's other runs need not: an error here is a result."""
-    saved_after, loader = STEPS_AFTER // 2, None
-    try:
-        engine, loader = engine_for(metric, 2, cluster_dir)
-        batches = RepeatingLoader(loader)  # its workers prefetch from the fresh sampler
-        engine.load_checkpoint(checkpoints, tag=f"step{SAVE_AT[-1]}")
-        first = train(engine, batches, saved_after)
-        engine.save_checkpoint(checkpoints, tag="iterator-before-load")
-        first += train(engine, batches, STEPS_AFTER - saved_after)
-        stop_workers(loader)
-        engine, loader = engine_for(metric, 2, cluster_dir)
-        engine.load_checkpoint(checkpoints, tag="iterator-before-load")
-        second = train(engine, iter(loader), STEPS_AFTER - saved_after)
-    except Exception:  # noqa: BLE001 - the release raises here (IndexError); the test reports it
-        return {"error": traceback.format_exc()}
-    finally:
-        if loader is not None:
-            stop_workers(loader)
+def restart_with_iterator_before_load(metric, root):
+    """The restart from the last checkpoint of the scenario run in ``root`` whose iterator is made before
+    ``engine.load_checkpoint()``; it saves after ``STEPS_AFTER // 2`` steps, trains on to ``STEPS_AFTER`` and dies; a
+    second restart loads that checkpoint and makes its iterator after the load."""
+    cluster_dir, checkpoints = os.path.join(root, "clusters"), os.path.join(root, "checkpoints")
+    saved_after = STEPS_AFTER // 2
+    engine, loader = engine_for(metric, 2, cluster_dir)
+    batches = RepeatingLoader(loader)  # its workers prefetch from the fresh sampler
+    engine.load_checkpoint(checkpoints, tag=f"step{SAVE_AT[-1]}")
+    first = train(engine, batches, saved_after)
+    engine.save_checkpoint(checkpoints, tag="iterator-before-load")
+    first += train(engine, batches, STEPS_AFTER - saved_after)
+    stop_workers(loader)
+    engine, loader = engine_for(metric, 2, cluster_dir)
+    engine.load_checkpoint(checkpoints, tag="iterator-before-load")
+    second = train(engine, iter(loader), STEPS_AFTER - saved_after)
+    stop_workers(loader)
     return {"step": SAVE_AT[-1], "saved_after": saved_after, "first": first, "second": second}
 
 
