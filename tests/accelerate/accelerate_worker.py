@@ -12,7 +12,6 @@ and asserts. A scenario that raises records its traceback instead of results and
 import contextlib
 import copy
 import functools
-import glob
 import hashlib
 import os
 import random
@@ -419,10 +418,9 @@ def user_code_checkpoint(
         elif run == "restarted":
             if use_save_state:
                 accelerator.load_state(os.path.join(out_dir, "checkpoint"))
-                # this rank's folder holds one state: dl_state_dict.bin, or dl_state_dict_rank<N>.bin from the
-                # series' third commit on
-                (saved,) = glob.glob(os.path.join(out_dir, "checkpoint", "dl_state_dict*.bin"))
-                state = torch.load(saved, weights_only=False)
+                # this rank's folder: its state is dl_state_dict.bin (from the series' third commit on, beside
+                # dl_state_dict_rank<N>.bin)
+                state = torch.load(os.path.join(out_dir, "checkpoint", "dl_state_dict.bin"), weights_only=False)
             else:
                 loader.load_state_dict(state)
             result["state_after_load_is_loaded"] = repr(loader.state_dict()) == repr(state)

@@ -392,31 +392,107 @@ def test_stateful_loader_of_one_process_draws_its_sampler_seed_in_prepare(pristi
     assert epochs[0] != epochs[1], "both epochs have one order"
 
 
-@pytest.mark.regression("accelerate", "shared-checkpoint-folder")
-def test_release_loads_no_dataloader_state_from_a_checkpoint_of_several_processes(
-    pristine_checkpointing, tmp_path, monkeypatch
-):
-    """What the PR says of 1.16.0 loading a checkpoint that several processes saved with the series' third commit:
-    it finds no ``dl_state_dict.bin``, loads no dataloader state, and the loader reads its epoch from the start; the
-    series loads the process's own state and resumes. Process 1 of 2 saves (``PartialState`` reports 2 processes to
-    ``save_accelerator_state``); on the base, both load the state of ``dl_state_dict.bin`` and resume."""
+def processes(monkeypatch, num_processes):
+    """Makes ``accelerate.checkpointing`` see ``num_processes`` processes (``PartialState().num_processes``)."""
+    from accelerate import checkpointing
+
+    state = type("Processes", (), {"num_processes": num_processes})()
+    monkeypatch.setattr(checkpointing, "PartialState", lambda: state)
+
+
+def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2):
+    """``save_accelerator_state`` into ``folder`` as process ``process_index`` of ``num_processes``, from a loader that
+    yielded ``stop_after`` batches; returns the rest of that loader's epoch."""
     from accelerate import checkpointing
 
     loader = prepared(data_loader_module, 0)
     batches = iter(loader)
-    for _ in range(3):
+    for _ in range(stop_after):
         next(batches)
-    monkeypatch.setattr(checkpointing, "PartialState", lambda: type("TwoProcesses", (), {"num_processes": 2})())
-    checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=1, step=0)
+    processes(monkeypatch, num_processes)
+    checkpointing.save_accelerator_state(folder, [], [], [], [loader], process_index=process_index, step=0)
     monkeypatch.undo()
-    rest = ids(batches)
-    results = {}
-    for label, module in (("release", pristine_checkpointing), ("series", checkpointing)):
-        resumed = prepared(data_loader_module, 0)
-        module.load_accelerator_state(tmp_path, [], [], [], [resumed], process_index=1)
-        results[label] = ids(resumed)
-    assert results["series"] == rest, f"the series resumes with {results['series']}, the epoch had {rest} left"
-    assert results["release"] == uninterrupted(data_loader_module, 0), "the release did not read the whole epoch"
+    return ids(batches)
+
+
+def load_as(module, folder, process_index, monkeypatch, num_processes=2):
+    """The rest of the epoch of a new loader into which ``module`` (a ``checkpointing``) loads ``folder`` as process
+    ``process_index`` of ``num_processes``."""
+    loader = prepared(data_loader_module, 0)
+    if module.__name__ == "accelerate.checkpointing":
+        processes(monkeypatch, num_processes)
+    module.load_accelerator_state(folder, [], [], [], [loader], process_index=process_index)
+    monkeypatch.undo()
+    return ids(loader)
+
+
+@pytest.mark.regression("accelerate", "shared-checkpoint-folder")
+def test_processes_saving_into_one_folder_each_load_their_own_state(tmp_path, monkeypatch):
+    """Processes 0 and 1 of 2 save different states into one folder, process 1 last: the series loads each process's
+    own (the base loads process 1's into both)."""
+    from accelerate import checkpointing
+
+    rest = {0: save_after(tmp_path, 3, 0, monkeypatch), 1: save_after(tmp_path, 1, 1, monkeypatch)}
+    for process_index in (0, 1):
+        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch)
+        assert loaded == rest[process_index], f"process {process_index} resumed with {loaded}"
+
+
+@pytest.mark.parametrize("process_index", [0, 1])
+def test_release_loads_a_checkpoint_of_several_processes_as_its_own(
+    pristine_checkpointing, tmp_path, monkeypatch, process_index
+):
+    """What the PR says of 1.16.0 loading a checkpoint that several processes saved with the series' third commit into
+    one folder: it loads ``dl_state_dict.bin``, the last writer's state, as from a folder it saved itself, and resumes
+    the rest of the epoch."""
+    save_after(tmp_path, 3, 0, monkeypatch)
+    rest = save_after(tmp_path, 3, 1, monkeypatch)
+    assert load_as(pristine_checkpointing, tmp_path, process_index, monkeypatch) == rest
+
+
+def test_checkpoint_of_the_main_process_only_resumes_every_process(pristine_checkpointing, tmp_path, monkeypatch):
+    """Only process 0 of 2 saves (``if accelerator.is_main_process: save_state()``): process 1 loads its state, as in
+    1.16.0, and both resume at the same batch."""
+    from accelerate import checkpointing
+
+    rest = save_after(tmp_path, 3, 0, monkeypatch)
+    for process_index in (0, 1):
+        for label, module in (("series", checkpointing), ("release", pristine_checkpointing)):
+            loaded = load_as(module, tmp_path, process_index, monkeypatch)
+            assert loaded == rest, f"{label}: process {process_index} resumed with {loaded}, the epoch had {rest} left"
+
+
+@pytest.mark.parametrize("saved_by, loaded_by", [(2, 4), (2, 1), (4, 2)])
+def test_another_number_of_processes_loads_one_state_in_every_process(tmp_path, monkeypatch, saved_by, loaded_by):
+    """Saved by ``saved_by`` processes into one folder (process 1 last, at another batch than the others), loaded by
+    ``loaded_by``: every process loads the same state, ``dl_state_dict.bin``, as 1.16.0 does, and resumes at the same
+    batch, whatever files of each process the folder holds."""
+    from accelerate import checkpointing
+
+    for process_index in range(saved_by):
+        if process_index != 1:
+            save_after(tmp_path, 2, process_index, monkeypatch, num_processes=saved_by)
+    rest = save_after(tmp_path, 4, 1, monkeypatch, num_processes=saved_by)
+    for process_index in range(loaded_by):
+        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch, num_processes=loaded_by)
+        assert loaded == rest, f"process {process_index} of {loaded_by} resumed with {loaded}, expected {rest}"
+
+
+@pytest.mark.parametrize("fresh", ["two-processes", "one-process", "main-only"])
+def test_state_of_an_older_save_in_a_reused_folder_is_not_loaded(tmp_path, monkeypatch, fresh):
+    """A folder that 4 processes saved into (after 1 batch) is saved into again, after 3 batches: by 2 processes, by
+    a single process, or by the main process of 2 only. Every process of the new count loads the fresh state, none the
+    file an older save left for it."""
+    from accelerate import checkpointing
+
+    for process_index in range(4):
+        save_after(tmp_path, 1, process_index, monkeypatch, num_processes=4)
+    num_processes = 1 if fresh == "one-process" else 2
+    savers = [0] if fresh != "two-processes" else [0, 1]
+    rest = [save_after(tmp_path, 3, index, monkeypatch, num_processes=num_processes) for index in savers]
+    for process_index in range(num_processes):
+        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch, num_processes=num_processes)
+        assert loaded == rest[0], f"process {process_index} of {num_processes} resumed with {loaded}, not {rest[0]}"
 
 
 def test_release_resumes_a_checkpoint_of_one_process_of_the_series(pristine_checkpointing, tmp_path):
