@@ -16,17 +16,14 @@ file: ``{"out": dir, "tasks": [{"flow", "column", "part", "factors", "folder"}, 
   and, on one process, a plain ``DataLoader`` (``references``).
 
 The restart is a new set of objects in this process (``free_memory``, new loader, the seed set again), as in
-``tests/accelerate``; a task that takes longer than ``TASK_TIMEOUT`` records ``hang`` and ends the launch, and the
+``tests/accelerate``; a task that hangs or crashes is recorded as ``tests/flows/tasks.py`` says, and the
 runner launches the tasks left. This script records; ``scripts/flows/judge.py`` judges.
 """
 
-import gc
 import json
 import os
 import random
 import sys
-import threading
-import traceback
 from pathlib import Path
 
 import accelerate
@@ -38,12 +35,11 @@ from accelerate.utils import set_seed
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, WeightedRandomSampler, get_worker_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
+from tests.flows.tasks import run_plan  # noqa: E402
 from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 32
 BATCH_SIZE = 4
-TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))  # seconds
-HANG_EXIT_CODE = 4
 
 
 class ShardedStream(IterableDataset):
@@ -292,18 +288,16 @@ def order_part(accelerator, factors, rank):
     return {"stateful": runs["stateful"], "references": references}
 
 
-def run_task(accelerator, task, out, rank):
+def run_task(accelerator, task, rank):
+    """One task's record (see the module's docstring)."""
     part, factors = task["part"], task["factors"]
-    path = Path(out) / f"{task['flow']}.{task['column']}.{part}.rank{rank}.json"
     if part == "save":
         result = save_part(accelerator, factors, task["folder"], rank)
     elif part == "load":
         result = load_part(accelerator, factors, task["folder"], rank)
     else:
         result = order_part(accelerator, factors, rank)
-    result.update(world_size=accelerator.num_processes, module=accelerate.__file__)
-    path.with_suffix(".tmp").write_text(json.dumps(result))
-    path.with_suffix(".tmp").replace(path)
+    return {**result, "world_size": accelerator.num_processes, "module": accelerate.__file__}
 
 
 def main():
@@ -311,34 +305,10 @@ def main():
     use_forkserver(["torch", "torchdata.stateful_dataloader", "accelerate"])  # the DataLoader workers start from it
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
-    gc.freeze()  # the full collections of free_memory() then look only at what a task made (as tests/rank_worker.py)
-    Path(plan["out"], f"{Path(sys.argv[1]).stem}.rank{rank}.started").touch()  # the runner tells start-up failures
-    for task in plan["tasks"]:
-        name = f"{task['flow']}.{task['column']}.{task['part']}"
-        timer = threading.Timer(TASK_TIMEOUT, _hang, (plan["out"], name, rank))
-        timer.start()
-        try:
-            run_task(accelerator, task, plan["out"], rank)
-        except Exception:
-            _end(plan["out"], name, rank, {"crash": traceback.format_exc()[-3000:]}, 3)
-        finally:
-            timer.cancel()
-        gc.collect()
-        gc.freeze()
+    run_plan(sys.argv[1], plan, rank, accelerator.num_processes, lambda task: run_task(accelerator, task, rank),
+             accelerator.free_memory)
     accelerator.end_training()
     stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's
-
-
-def _end(out, name, rank, record, code):
-    """Record ``record`` for the task and end this rank now (its peers may wait in a collective it will not join)."""
-    path = Path(out) / f"{name}.rank{rank}.json"
-    path.write_text(json.dumps(record))
-    print(f"flows: rank {rank}: {name}: {next(iter(record))}", file=sys.stderr, flush=True)
-    os._exit(code)
-
-
-def _hang(out, name, rank):
-    _end(out, name, rank, {"hang": f"no result after {TASK_TIMEOUT:.0f} s"}, HANG_EXIT_CODE)
 
 
 if __name__ == "__main__":

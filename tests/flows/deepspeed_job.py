@@ -23,21 +23,16 @@ job whose newest checkpoint is incomplete falls back to) and trains to step ``ST
   goes on with its next task).
 - ``order``: ``run``: the uninterrupted run.
 
-A task that takes longer than ``TASK_TIMEOUT`` records ``hang`` and ends the launch, and the runner launches the
+A task that hangs or crashes is recorded as ``tests/flows/tasks.py`` says, and the runner launches the
 tasks left. This script records; ``scripts/flows/judge.py`` judges.
 """
 
-import contextlib
-import gc
 import json
 import logging
 import os
 import re
 import shutil
-import signal
 import sys
-import threading
-import traceback
 from pathlib import Path
 
 import deepspeed
@@ -50,7 +45,7 @@ from deepspeed.runtime.dataloader import RepeatingLoader
 from deepspeed.utils import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
-from scripts import launch  # noqa: E402
+from tests.flows.tasks import run_plan  # noqa: E402
 from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 32
@@ -58,9 +53,6 @@ GLOBAL_MICRO_BATCH = 4  # samples of one micro-batch across the data-parallel ra
 GAS = 2  # gradient accumulation steps: a global batch of 8, one curriculum step, for 1 and 2 ranks alike
 STEPS = 12  # optimizer steps of the uninterrupted run: past a cluster's second reshuffle in every ``clusters``
 SEED = 1234
-TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))  # seconds
-HANG_EXIT_CODE = 4
-CRASH_EXIT_CODE = 3
 
 # Difficulty metrics (data_efficiency.data_sampling.curriculum_learning.curriculum_metrics). ``index`` names the
 # data analyzer's index_to_sample map a metric reads (``write_index``: 8 rows of 4 sample ids, a fixed permutation).
@@ -283,7 +275,8 @@ def load_part(factors, folder):
     return {"loops": loops}
 
 
-def run_task(task, out, rank):
+def run_task(task):
+    """One task's record (see the module's docstring)."""
     part, factors, folder = task["part"], task["factors"], task["folder"]
     if part == "save":
         result = save_part(factors, folder)
@@ -291,10 +284,14 @@ def run_task(task, out, rank):
         result = load_part(factors, folder)
     else:
         result = {"run": truth_of(factors, folder)}
-    result.update(world_size=world(), module=deepspeed.__file__)
-    path = Path(out) / f"{task['flow']}.{task['column']}.{part}.rank{rank}.json"
-    path.with_suffix(".tmp").write_text(json.dumps(result))
-    path.with_suffix(".tmp").replace(path)
+    return {**result, "world_size": world(), "module": deepspeed.__file__}
+
+
+def stop_loaders():
+    """Stop the loaders of the task that ended (also when it raised): their workers would run on."""
+    for loader in LOADERS:
+        stop(loader)
+    LOADERS.clear()
 
 
 def main():
@@ -308,52 +305,10 @@ def main():
     if workers:  # the DataLoader workers start from a forkserver (tests/rank_worker.py says why)
         use_forkserver(["torch", "deepspeed", "deepspeed.runtime.dataloader"])
     deepspeed.init_distributed("gloo")
-    rank = dist.get_rank()
-    gc.freeze()
-    Path(plan["out"], f"{Path(sys.argv[1]).stem}.rank{rank}.started").touch()  # the runner tells start-up failures
-    for task in plan["tasks"]:
-        name = f"{task['flow']}.{task['column']}.{task['part']}"
-        timer = threading.Timer(TASK_TIMEOUT, _hang, (plan["out"], name, rank))
-        timer.start()
-        try:
-            run_task(task, plan["out"], rank)
-        except Exception:
-            crash = {"crash": traceback.format_exc()[-3000:]}
-            if world() > 1:  # its peers may wait in a collective it will not join
-                _end(plan["out"], name, rank, crash, CRASH_EXIT_CODE)
-            # one rank goes on with its next task: nothing waits for it, and the runner, which takes the first task
-            # without every rank's record for the one that ended a launch, would blame the next task for this one
-            _record(plan["out"], name, rank, crash)
-        finally:
-            timer.cancel()
-        for loader in LOADERS:
-            stop(loader)
-        LOADERS.clear()
-        gc.collect()
-        gc.freeze()
+    run_plan(sys.argv[1], plan, dist.get_rank(), world(), run_task, stop_loaders)
     barrier()
     if workers:
         stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's
-
-
-def _end(out, name, rank, record, code):
-    """Record ``record`` for the task and end this rank now (its peers may wait in a collective it will not join),
-    its forkserver and DataLoader workers first (they would outlive it)."""
-    _record(out, name, rank, record)
-    for pid in launch.descendants(os.getpid()):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    os._exit(code)
-
-
-def _record(out, name, rank, record):
-    path = Path(out) / f"{name}.rank{rank}.json"
-    path.write_text(json.dumps(record))
-    print(f"flows: rank {rank}: {name}: {next(iter(record))}", file=sys.stderr, flush=True)
-
-
-def _hang(out, name, rank):
-    _end(out, name, rank, {"hang": f"no result after {TASK_TIMEOUT:.0f} s"}, HANG_EXIT_CODE)
 
 
 if __name__ == "__main__":

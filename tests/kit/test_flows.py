@@ -230,3 +230,13 @@ def test_the_gate_report_and_the_pr_bodies_cite_the_table_of_the_series_they_jud
     assert pr.flows_sentence("accelerate", record, "beef").startswith("The last `make flows` ran another version")
     assert pr.flows_sentence("accelerate", tmp_path / "none.json", "c0ffee") == (
         "The flow table was not run on this series (`make flows`).")
+
+
+def test_the_bench_judges_the_flow_tables_cost_on_make_tests_cpu():
+    from scripts.bench import targets
+
+    pair = {"without": {"seconds": 100.0, "cpu_s": 200.0}, "with": {"seconds": 150.0, "cpu_s": 300.0}}
+    row = targets.flows_targets({"test": [pair]})[0]
+    assert (row["verdict"], row["measured"]) == ("not met", "1.50 [1.50-1.50]x")
+    pair["with"]["cpu_s"] = 240.0
+    assert targets.flows_targets({"test": [pair]})[0]["verdict"] == "met"

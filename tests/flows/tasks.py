@@ -1,0 +1,71 @@
+"""What the flow table's job scripts share: run a plan's tasks on this rank, each under a watchdog, and record them.
+
+A task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``. One that takes longer than ``TASK_TIMEOUT`` records
+``hang``; one that raises records ``crash``; either ends the rank when it has peers (they may wait in a collective it
+will not join), and the runner (``scripts/flows/run.py``) launches the tasks left. A rank alone goes on with its next
+task after a crash.
+"""
+
+import contextlib
+import gc
+import json
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from scripts import launch
+
+TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))  # seconds
+CRASH_EXIT_CODE, HANG_EXIT_CODE = 3, 4
+
+
+def record(out: str, name: str, rank: int, result: dict) -> None:
+    """Write this rank's record of the task ``name`` (whole or not at all)."""
+    path = Path(out) / f"{name}.rank{rank}.json"
+    path.with_suffix(".tmp").write_text(json.dumps(result))
+    path.with_suffix(".tmp").replace(path)
+
+
+def end(out: str, name: str, rank: int, result: dict, code: int) -> None:
+    """Record ``result`` and end this rank now, its forkserver and DataLoader workers first (they would outlive it)."""
+    record(out, name, rank, result)
+    print(f"flows: rank {rank}: {name}: {next(iter(result))}", file=sys.stderr, flush=True)
+    for pid in launch.descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(code)
+
+
+def run_plan(plan_file: str, plan: dict, rank: int, world: int, run_task: Callable[[dict], dict],
+             after_task: Callable[[], None] = lambda: None) -> None:
+    """Run every task of ``plan`` (read from ``plan_file``) on this rank: ``run_task(task)`` returns the record.
+
+    First marks this rank started (``<plan name>.rank<N>.started``: the runner tells a launch that failed at start-up
+    from a task that failed). After each task ``after_task()`` (stop what it left running), then its garbage is
+    collected and what survives moved out of the collector's sight (``gc.freeze``), so that the full collections an
+    upstream makes look only at what the next task makes.
+    """
+    out = plan["out"]
+    Path(out, f"{Path(plan_file).stem}.rank{rank}.started").touch()
+    gc.freeze()
+    for task in plan["tasks"]:
+        name = f"{task['flow']}.{task['column']}.{task['part']}"
+        timer = threading.Timer(TASK_TIMEOUT, end, (out, name, rank, {"hang": f"no result after {TASK_TIMEOUT:.0f} s"},
+                                                    HANG_EXIT_CODE))
+        timer.start()
+        try:
+            record(out, name, rank, run_task(task))
+        except Exception:
+            crash = {"crash": traceback.format_exc()[-3000:]}
+            if world > 1:
+                end(out, name, rank, crash, CRASH_EXIT_CODE)
+            record(out, name, rank, crash)
+        finally:
+            timer.cancel()
+        after_task()
+        gc.collect()
+        gc.freeze()
