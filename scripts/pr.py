@@ -219,6 +219,15 @@ def flows_sentence(name: str, flows_file: Path, head: str) -> str:
             f"{counts['regressions']} worse ({listed} listed as known or accepted) and {counts['fixed']} better.")
 
 
+def proposal_header(pr: int | None) -> str:
+    """Markdown: for a commit whose bug an open pull request already fixes (``proposal_on`` of its entry in
+    ``[[<name>.gate.commits]]``), the line that makes the body a review comment on that PR, not a PR of its own."""
+    if pr is None:
+        return ""
+    return (f"**A review comment for #{pr}, not a pull request of its own**: #{pr} fixes this bug; the commit below "
+            "is offered to it as a proposal, crediting its author, with what it adds point by point.\n\n")
+
+
 def stack_header(steps: list[dict], number: int, names: list[str]) -> str:
     """Markdown: the stack, newest first, this PR marked ``__->__``; '' for a series of one commit."""
     if len(steps) < 2:
@@ -278,6 +287,10 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
             raise KitError(f"the gate report was made from another tree of {name} than HEAD's: run `make gate` again")
         prefix = f"upstream/{name}/"
         names = [body_name(n, stack.subject(p[0])) for n, p in enumerate(per_step, 1)] if files else ["1.md"]
+        commits = table[name].get("gate", {}).get("commits", [])
+        proposals = {n: c["proposal_on"] for n, c in enumerate(commits, 1) if c.get("proposal_on")}
+        names = [f"{n}-review-comment-on-{proposals[n]}.md" if n in proposals else file
+                 for n, file in enumerate(names, 1)]
         upstream_tests = table[name].get("gate", {}).get("upstream_tests", [])
         matrix = matrix_sentence(name, entry, matrix_file)
         made[name] = {}
@@ -290,7 +303,8 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
             mine = [t for t in upstream_tests if t in touched] if len(steps) > 1 else upstream_tests
             reproduce = reproduce_section(name, entry, mine or upstream_tests, url)
             body = template.read_text().replace("{gate}", gate).replace("{reproduce}", reproduce)
-            made[name][names[number - 1]] = stack_header(steps, number, names) + body.replace("{matrix}", matrix)
+            header = proposal_header(proposals.get(number)) + stack_header(steps, number, names)
+            made[name][names[number - 1]] = header + body.replace("{matrix}", matrix)
     return made
 
 

@@ -283,3 +283,11 @@ def test_draft_writes_a_body_with_a_placeholder_and_warns_first(pr_kit, monkeypa
     # The whole subject names the file, not format-patch's cut of it ("...-to-a-new-fil.md").
     body = pr_kit.root / "out" / "tiny" / "2-write-each-reshuffle-of-the-difficulty-clusters-to-a-file-of-its-own.md"
     assert "Fixes #<the follow-up issue: MORE > 0 is missing>" in body.read_text()
+
+
+def test_a_commit_whose_bug_has_an_open_pr_gets_a_review_comment_for_it():
+    """``proposal_on`` in a commit's ``[[<name>.gate.commits]]`` table (issue 40: the kit's commit 3 goes to #4165)."""
+    from scripts.pr import proposal_header
+
+    assert proposal_header(None) == ""
+    assert proposal_header(4165).startswith("**A review comment for #4165, not a pull request of its own**")
