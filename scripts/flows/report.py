@@ -39,8 +39,9 @@ def markdown(name: str, rows: list[dict], counts: dict, selection: str, unused: 
     lines += ["", "Outcomes: " + "; ".join(f"{c}: " + ", ".join(f"{k} {v}" for k, v in sorted(outcomes[c].items()))
                                          for c in ("release", "series")), ""]
     if unused:
-        lines += ["Listed in tests/flows/differences.toml but matching no regression here (remove them once the "
-                  "change they wait for has landed):", ""]
+        lines += ["Listed in tests/flows/differences.toml but matching no regression of this selection (an entry "
+                  "found by FULL=1 may match none of every pair; else remove it once the change it waits for has "
+                  "landed):", ""]
         lines += [f"- {e['status']}: {e['match']}: {e['reason']}" for e in unused]
         lines.append("")
     return "\n".join(lines)
