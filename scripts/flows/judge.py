@@ -52,7 +52,7 @@ def _compare(expected: list, got: list, what: str) -> str | None:
     differing = sum(a != b for a, b in zip(expected, got, strict=False)) + abs(len(expected) - len(got))
     twice = sum((seen - want).values())
     never = sum((want - seen).values())
-    return (f"{what}: {differing} of {len(expected)} batches differ ({len(got)} read), {twice} samples read "
+    return (f"{what}: {len(got)} batches read for {len(expected)}, {differing} differ; {twice} samples read "
             f"beyond the uninterrupted run, {never} of its samples never")
 
 

@@ -47,7 +47,7 @@ def test_a_restart_that_starts_the_epoch_over_is_wrong_with_its_numbers():
                                N)
     outcome, detail = judge.worst(parts)
     assert outcome == "wrong" and parts["the next epoch"][0] == "exact"
-    assert "2 of 1 batches differ (2 read), 2 samples read beyond the uninterrupted run, 0 of its samples never" in (
+    assert "2 batches read for 1, 2 differ; 2 samples read beyond the uninterrupted run, 0 of its samples never" in (
         detail)
 
 
