@@ -22,12 +22,12 @@ from pathlib import Path
 
 from scripts import KitError, launch, worktree
 from scripts.git import rev
+from scripts.sources import KIT_ROOT as KIT
 
-KIT = Path(__file__).resolve().parents[2]
 JOBS = {"accelerate": KIT / "tests" / "flows" / "accelerate_job.py", "deepspeed": KIT / "tests" / "flows" /
         "deepspeed_job.py"}
-# seconds for one launch: start-up, then each task at most the job's TASK_TIMEOUT (after which the task records a hang
-# and ends its launch); the launch's timeout is only the net below that
+# seconds for one launch: start-up, then each task at most TASK_TIMEOUT, which the plan hands to the job (a task that
+# takes longer records a hang and ends its launch); the launch's timeout is only the net below that
 START_TIMEOUT, TASK_TIMEOUT = 120, float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))
 ROUNDS = 12  # launches of one group at most (each after a task that ended its launch)
 
@@ -65,43 +65,41 @@ def tasks_of(flow: dict, work: Path) -> list[dict]:
     return out
 
 
-def _commit(name: str, revision: str, what: str) -> str:
-    """The commit ``revision`` of the kit's checkout of ``name``; KitError saying what to do when there is none."""
+def tree(name: str, revision: str, work: Path, what: str) -> Path:
+    """A tree of commit ``revision`` of the kit's checkout of ``name`` under ``work``; returns the directory to put on
+    ``PYTHONPATH``. Raises KitError, saying what to do (``what``: whose commit it is), when there is no checkout or
+    git does not know the commit."""
     repo = KIT / "upstream" / name
     if not (repo / ".git").exists():
         raise KitError(f"no checkout upstream/{name}: run make apply first")
     try:
-        return rev(repo, revision)
+        commit = rev(repo, revision)
     except KitError:
         raise KitError(f"upstream/{name} has no commit {revision!r} ({what}): name one of `git -C upstream/{name} "
                        "log`, e.g. HEAD~1") from None
+    return worktree.package_dir(worktree.add(repo, work / f"{name}-{commit[:12]}", commit), name)
 
 
 def release_tree(name: str, work: Path) -> Path:
-    """A tree of the pristine release of upstream ``name`` that this Python has installed, under ``work``; returns
-    the directory to put on ``PYTHONPATH``. Raises KitError when the kit's checkout has no ``base/<version>`` of it
-    (``make apply`` makes it)."""
+    """``tree`` of the pristine release of upstream ``name`` that this Python has installed (``base/<version>``, which
+    ``make apply`` makes)."""
     version = importlib.metadata.version(name).split("+")[0]
-    commit = _commit(name, f"base/{version}", f"the pristine {version}: run make apply")
-    tree = worktree.add(KIT / "upstream" / name, work / f"{name}-{version}", commit)
-    return worktree.package_dir(tree, name)
+    return tree(name, f"base/{version}", work, f"the pristine {version}: run make apply")
+
+
+def record_path(out: Path, task: dict, rank: int) -> Path:
+    """Where a job writes the record of ``task`` on ``rank`` (``tests/flows/tasks.py``)."""
+    return out / f"{task['flow']}.{task['column']}.{task['part']}.rank{rank}.json"
 
 
 def records(out: Path, task: dict, nproc: int) -> list[dict | None]:
     """Every rank's record of a task (None where a rank wrote none)."""
-    found = []
-    for rank in range(nproc):
-        path = out / f"{task['flow']}.{task['column']}.{task['part']}.rank{rank}.json"
-        found.append(json.loads(path.read_text()) if path.exists() else None)
-    return found
+    paths = [record_path(out, task, rank) for rank in range(nproc)]
+    return [json.loads(path.read_text()) if path.exists() else None for path in paths]
 
 
-def series_tree(name: str, commit: str, work: Path) -> Path:
-    """A tree of ``commit`` of the kit's checkout of ``name`` (a commit of its series, say) under ``work``; returns
-    the directory to put on ``PYTHONPATH``. Raises KitError when git does not know the commit."""
-    found = _commit(name, commit, "make flows AT=")
-    tree = worktree.add(KIT / "upstream" / name, work / f"{name}-at-{found[:12]}", found)
-    return worktree.package_dir(tree, name)
+def _first_on(path: Path, pythonpath: str) -> str:
+    return os.pathsep.join(p for p in (str(path), pythonpath) if p)
 
 
 def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, at: str = "") -> dict:
@@ -112,12 +110,11 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     when ``work`` cannot be written.
     """
     work.mkdir(parents=True, exist_ok=True)
-    pythonpath = {"series": os.environ.get("PYTHONPATH", ""), "release": ""}
+    series = os.environ.get("PYTHONPATH", "")
     if at:
-        pythonpath["series"] = os.pathsep.join(
-            p for p in (str(series_tree(name, at, work / "trees")), pythonpath["series"]) if p)
-    tree = release_tree(name, work / "trees")
-    pythonpath["release"] = os.pathsep.join(p for p in (str(tree), pythonpath["series"]) if p)
+        series = _first_on(tree(name, at, work / "trees", "make flows AT="), series)
+    release = release_tree(name, work / "trees")
+    pythonpath = {"series": series, "release": _first_on(release, series)}
     out = work / "records"
     out.mkdir(exist_ok=True)
     planned = [t for flow in flows for t in tasks_of(flow, work)]
@@ -131,7 +128,7 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
         for (code, nproc), tasks in groups.items():
             for task in tasks:
                 found = records(out, task, nproc)
-                _check_code(name, code, tree, found, task)
+                _check_code(name, code, release, found, task)
                 results[(task["flow"], task["column"])][task["part"]] = found
     return dict(results)
 
@@ -156,9 +153,10 @@ def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
         jobs, keys, plans = [], list(pending), {}
         for code, nproc in keys:
             tag = f"{name}-phase{phase}-{code}-x{nproc}-{round_}"
+            plans[(code, nproc)] = tag
             plan = out.parent / f"plan-{tag}.json"
-            plans[(code, nproc)] = plan
-            plan.write_text(json.dumps({"out": str(out), "tasks": pending[(code, nproc)]}))
+            plan.write_text(json.dumps({"out": str(out), "name": tag, "task_timeout": TASK_TIMEOUT,
+                                        "tasks": pending[(code, nproc)]}))
             env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
             env.update(OMP_NUM_THREADS="1", PYTHONPATH=pythonpath[code], DS_ACCELERATOR="cpu")
             if nproc == 1:  # what torch.distributed.run sets for one process, without its agent (1 s of CPU)
@@ -176,7 +174,7 @@ def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
         say(f"flows: {name}: " + ", ".join(f"{c} x{n}: {r.seconds:.0f} s, {r.cpu_s or 0:.0f} s CPU"
                                            for (c, n), r in zip(keys, launches, strict=True)))
         for key, result in zip(keys, launches, strict=True):
-            started = [out / f"{plans[key].stem}.rank{rank}.started" for rank in range(key[1])]
+            started = [out / f"{plans[key]}.rank{rank}.started" for rank in range(key[1])]
             if not all(path.exists() for path in started):
                 raise KitError(f"flows: the launch of {name}'s {key[0]} on {key[1]} processes ended before its first "
                                f"task ({'timed out' if result.timed_out else f'exit {result.returncode}'}); its log "
@@ -210,7 +208,7 @@ def _record_missing(out, task, nproc, result):
     """Write a record for every rank of ``task`` that wrote none: ``hang`` when the launch timed out, else ``crash``
     with the launch's exit status and the tail of its log."""
     for rank in range(nproc):
-        path = out / f"{task['flow']}.{task['column']}.{task['part']}.rank{rank}.json"
+        path = record_path(out, task, rank)
         if not path.exists():
             what = ({"hang": f"the launch timed out after {result.seconds:.0f} s"} if result.timed_out else
                     {"crash": f"no record; the launch exited {result.returncode}: {result.tail(1500)}"})

@@ -3,7 +3,7 @@
 Run by ``scripts/flows`` as ``python -m torch.distributed.run --standalone --nproc_per_node=N accelerate_job.py PLAN``
 (one process: ``python accelerate_job.py PLAN`` with the environment torch.distributed.run would give it)
 with the code of one side on ``sys.path`` (the release's tree first, or the series as installed). ``PLAN`` is a JSON
-file: ``{"out": dir, "tasks": [{"flow", "column", "part", "factors", "folder"}, ...]}``; each task writes
+file: ``{"out", "name", "task_timeout", "tasks": [...]}`` (``tests/flows/tasks.py``); each task writes
 ``<out>/<flow>.<column>.<part>.rank<N>.json``. Parts:
 
 - ``save``: the uninterrupted job (``truth``: every epoch to the one after the checkpoint's, as batches of sample
@@ -305,7 +305,7 @@ def main():
     use_forkserver(["torch", "torchdata.stateful_dataloader", "accelerate"])  # the DataLoader workers start from it
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
-    run_plan(sys.argv[1], plan, rank, accelerator.num_processes, lambda task: run_task(accelerator, task, rank),
+    run_plan(plan, rank, accelerator.num_processes, lambda task: run_task(accelerator, task, rank),
              accelerator.free_memory)
     accelerator.end_training()
     stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's

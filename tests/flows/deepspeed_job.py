@@ -3,7 +3,7 @@
 Run by ``scripts/flows`` as ``python -m torch.distributed.run --standalone --nproc_per_node=N deepspeed_job.py PLAN``
 (one process: ``python deepspeed_job.py PLAN`` with the environment torch.distributed.run would give it)
 (``DS_ACCELERATOR=cpu``) with the code of one side on ``sys.path`` (the release's tree first, or the series as
-installed). ``PLAN`` is a JSON file: ``{"out": dir, "tasks": [{"flow", "column", "part", "factors", "folder"}, ...]}``;
+installed). ``PLAN`` is a JSON file: ``{"out", "name", "task_timeout", "tasks": [...]}`` (``tests/flows/tasks.py``);
 each task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``.
 
 The job: ``deepspeed.initialize(training_data=...)`` over ``NUM_SAMPLES`` samples (sample ``i`` is the tensor
@@ -305,7 +305,7 @@ def main():
     if workers:  # the DataLoader workers start from a forkserver (tests/rank_worker.py says why)
         use_forkserver(["torch", "deepspeed", "deepspeed.runtime.dataloader"])
     deepspeed.init_distributed("gloo")
-    run_plan(sys.argv[1], plan, dist.get_rank(), world(), run_task, stop_loaders)
+    run_plan(plan, dist.get_rank(), world(), run_task, stop_loaders)
     barrier()
     if workers:
         stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's

@@ -1,9 +1,9 @@
 """What the flow table's job scripts share: run a plan's tasks on this rank, each under a watchdog, and record them.
 
-A task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``. One that takes longer than ``TASK_TIMEOUT`` records
-``hang``; one that raises records ``crash``; either ends the rank when it has peers (they may wait in a collective it
-will not join), and the runner (``scripts/flows/run.py``) launches the tasks left. A rank alone goes on with its next
-task after a crash.
+A task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``. One that takes longer than the plan's ``task_timeout``
+records ``hang``; one that raises records ``crash``; either ends the rank when it has peers (they may wait in a
+collective it will not join), and the runner (``scripts/flows/run.py``) launches the tasks left. A rank alone goes on
+with its next task after a crash.
 """
 
 import contextlib
@@ -19,7 +19,6 @@ from pathlib import Path
 
 from scripts import launch
 
-TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))  # seconds
 CRASH_EXIT_CODE, HANG_EXIT_CODE = 3, 4
 
 
@@ -40,22 +39,23 @@ def end(out: str, name: str, rank: int, result: dict, code: int) -> None:
     os._exit(code)
 
 
-def run_plan(plan_file: str, plan: dict, rank: int, world: int, run_task: Callable[[dict], dict],
+def run_plan(plan: dict, rank: int, world: int, run_task: Callable[[dict], dict],
              after_task: Callable[[], None] = lambda: None) -> None:
-    """Run every task of ``plan`` (read from ``plan_file``) on this rank: ``run_task(task)`` returns the record.
+    """Run every task of ``plan`` (``scripts/flows/run.py`` writes it: ``out``, ``name``, ``task_timeout`` in
+    seconds, ``tasks``) on this rank: ``run_task(task)`` returns the record.
 
-    First marks this rank started (``<plan name>.rank<N>.started``: the runner tells a launch that failed at start-up
+    First marks this rank started (``<out>/<name>.rank<N>.started``: the runner tells a launch that failed at start-up
     from a task that failed). After each task ``after_task()`` (stop what it left running), then its garbage is
     collected and what survives moved out of the collector's sight (``gc.freeze``), so that the full collections an
     upstream makes look only at what the next task makes.
     """
-    out = plan["out"]
-    Path(out, f"{Path(plan_file).stem}.rank{rank}.started").touch()
+    out, timeout = plan["out"], plan["task_timeout"]
+    Path(out, f"{plan['name']}.rank{rank}.started").touch()
     gc.freeze()
     for task in plan["tasks"]:
         name = f"{task['flow']}.{task['column']}.{task['part']}"
-        timer = threading.Timer(TASK_TIMEOUT, end, (out, name, rank, {"hang": f"no result after {TASK_TIMEOUT:.0f} s"},
-                                                    HANG_EXIT_CODE))
+        timer = threading.Timer(timeout, end, (out, name, rank, {"hang": f"no result after {timeout:.0f} s"},
+                                               HANG_EXIT_CODE))
         timer.start()
         try:
             record(out, name, rank, run_task(task))
