@@ -19,7 +19,8 @@ import covertable
 # Accelerate (2-process Gloo). Levels are words a reader of the report understands: FACTOR_WORDS says more.
 ACCELERATE_RESUME = {
     "saver": ["own-folder", "shared-0-last", "shared-1-last", "main-only", "torch-save", "dcp"],
-    "data": ["shuffled", "sequential", "iterable-generator", "iterable-iterator", "python-random-batches", "weighted"],
+    "data": ["shuffled", "sequential", "iterable-generator", "iterable-iterator", "python-random-batches",
+             "generator-batches", "weighted", "stateful-dataset"],
     "loader": ["shard", "dispatcher", "split-batches", "seedable", "skip-first-batches"],
     "processes": ["2-2", "2-1", "1-2", "2-4", "1-1"],
     "when": ["first-batch", "mid-epoch", "epoch-end"],
@@ -53,6 +54,12 @@ ACCELERATE_RESUME_PRESETS = [
     {**_C46, "saver": "torch-save", "workers": "2", "probe": "state-dict-first"},  # c11: state_dict() before the load
     {**_C46, "saver": "dcp", "workers": "2"},  # c41: torch.distributed.checkpoint into a fresh loader
     {**_C46, "saver": "own-folder", "data": "python-random-batches", "when": "first-batch", "workers": "2"},  # c30
+    {**_C46, "saver": "torch-save", "data": "stateful-dataset", "processes": "1-1", "when": "first-batch",
+     "workers": "0"},  # issue 40, item 2: a stateful dataset's state saved before the first batch
+    {**_C46, "saver": "torch-save", "data": "stateful-dataset", "processes": "1-1", "when": "first-batch",
+     "workers": "2"},
+    # issue 40: a sampler with effects of its own, run by a state_dict() before the first batch
+    {**_C46, "saver": "own-folder", "data": "generator-batches", "when": "first-batch", "workers": "2"},
 ]
 ACCELERATE_ORDER_PRESETS = [
     {"data": "shuffled", "loader": "shard", "processes": "1", "workers": "0", "seeding": "one-seed"},  # one seed
@@ -74,7 +81,10 @@ FACTOR_WORDS = {
         "iterable-generator": "IterableDataset whose __iter__ is a generator, shuffled per worker",
         "iterable-iterator": "IterableDataset whose __iter__ returns an iterator, shuffled per worker",
         "python-random-batches": "a batch_sampler shuffling with Python's random",
+        "generator-batches": "a batch_sampler shuffling with a torch.Generator of its own, seeded once",
         "weighted": "WeightedRandomSampler (no replacement)",
+        "stateful-dataset": "map-style, shuffle=True, a dataset with state_dict()/load_state_dict() (an offset the "
+                            "saving job set; the restarted job builds it afresh)",
     },
     "loader": {
         "shard": "DataLoaderShard",
@@ -110,7 +120,7 @@ ACCELERATE_RESUME_IMPOSSIBLE = [
     (("when", "epoch"), lambda f: f["when"] == "first-batch" and f["epoch"] != "0",
      "a checkpoint before the first batch of epoch e > 0 is the checkpoint at the end of epoch e - 1"),
     (("seeding", "data"), lambda f: f["seeding"] == "own-generator" and f["data"] not in ("shuffled", "sequential",
-                                                                                        "weighted"),
+                                                                                        "weighted", "stateful-dataset"),
      "a DataLoader's generator= is drawn from by its sampler; other data draw from the global RNG"),
 ]
 ACCELERATE_ORDER_IMPOSSIBLE = [ACCELERATE_RESUME_IMPOSSIBLE[4], ACCELERATE_RESUME_IMPOSSIBLE[6]]

@@ -32,7 +32,14 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, WeightedRandomSampler, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    WeightedRandomSampler,
+    get_worker_info,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
 from tests.flows.tasks import run_plan  # noqa: E402
@@ -67,6 +74,26 @@ class Returned(ShardedStream):
         return iter(self._ids())
 
 
+class Offset(Dataset):
+    """Sample ``i`` is ``offset + i``; ``state_dict()`` holds the offset, as torchdata's README writes a dataset with a
+    state of its own (a job that moved on to another part of its data)."""
+
+    def __init__(self, offset):
+        self.offset = offset
+
+    def __len__(self):
+        return NUM_SAMPLES
+
+    def __getitem__(self, index):
+        return self.offset + index
+
+    def state_dict(self):
+        return {"offset": self.offset}
+
+    def load_state_dict(self, state_dict):
+        self.offset = state_dict["offset"]
+
+
 class PythonRandomBatches(BatchSampler):
     """Batches of consecutive ids, the batch order shuffled with Python's ``random`` at every ``__iter__`` (as the
     bucket samplers of diffusers' DreamBooth scripts do)."""
@@ -81,6 +108,19 @@ class PythonRandomBatches(BatchSampler):
 
     def __len__(self):
         return NUM_SAMPLES // BATCH_SIZE
+
+
+class GeneratorBatches(PythonRandomBatches):
+    """Batches of consecutive ids, the batch order shuffled at every ``__iter__`` with a ``torch.Generator`` that the
+    batch sampler holds, seeded once when it is built (as samplers that keep their own generator do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.generator = torch.Generator().manual_seed(7)
+
+    def __iter__(self):
+        batches = [list(range(i, i + BATCH_SIZE)) for i in range(0, NUM_SAMPLES, BATCH_SIZE)]
+        yield from (batches[i] for i in torch.randperm(len(batches), generator=self.generator).tolist())
 
 
 def seed(seeding, rank):
@@ -101,8 +141,8 @@ def seed(seeding, rank):
         raise ValueError(seeding)
 
 
-def loader_of(factors):
-    """The user's plain ``DataLoader`` of a flow."""
+def loader_of(factors, restarted=False):
+    """The user's plain ``DataLoader`` of a flow (``restarted``: as the restarted job builds it)."""
     data, workers = factors["data"], factors["workers"]
     options = {"num_workers": int(workers[0]), "persistent_workers": workers.endswith("persistent")}
     if factors["seeding"] == "own-generator":
@@ -114,14 +154,19 @@ def loader_of(factors):
         weights = [1.0 + (i % 4) for i in ids]
         sampler = WeightedRandomSampler(weights, NUM_SAMPLES, replacement=False)
         return DataLoader(ids, batch_size=BATCH_SIZE, sampler=sampler, **options)
+    if data == "stateful-dataset":
+        return DataLoader(Offset(0 if restarted else 100), batch_size=BATCH_SIZE, shuffle=True, **options)
     if data == "python-random-batches":
         return DataLoader(ids, batch_sampler=PythonRandomBatches(), **options)
+    if data == "generator-batches":
+        return DataLoader(ids, batch_sampler=GeneratorBatches(), **options)
     dataset = Generated() if data == "iterable-generator" else Returned()
     return DataLoader(dataset, batch_size=BATCH_SIZE, **options)
 
 
-def prepared(accelerator, factors, stateful=True):
-    """The flow's loader through ``accelerator.prepare()`` (the accelerator's only one)."""
+def prepared(accelerator, factors, stateful=True, restarted=False):
+    """The flow's loader through ``accelerator.prepare()`` (the accelerator's only one; ``restarted``: in the
+    restarted job)."""
     loader = factors["loader"]
     accelerator.free_memory()
     accelerator.dataloader_config = DataLoaderConfiguration(
@@ -130,7 +175,7 @@ def prepared(accelerator, factors, stateful=True):
         split_batches=loader == "split-batches",
         use_seedable_sampler=loader == "seedable",
     )
-    return accelerator.prepare(loader_of(factors))
+    return accelerator.prepare(loader_of(factors, restarted))
 
 
 def ids(batches):
@@ -247,7 +292,7 @@ def load_part(accelerator, factors, folder, rank):
     """The restarted job (see the module's docstring)."""
     last_epoch = int(factors["epoch"])
     seed(factors["seeding"], rank)
-    loader = prepared(accelerator, factors)
+    loader = prepared(accelerator, factors, restarted=True)
     try:
         load(accelerator, factors, loader, folder, rank)
         failed = None
