@@ -4,7 +4,7 @@ A flow is one training job that saves and restarts, named by one level of each f
 factor name to level, all strings). ``pairwise(name, kind)`` is the fixed covering array ``make test`` runs: every
 pair of levels of two factors that can go together is in at least one flow (covertable's greedy algorithm,
 deterministic); ``covering(name, kind, 3)`` holds every triple of levels (``make flows FULL=1``; every combination,
-``full``, is 321,426 Accelerate resume flows). Combinations that do not exist are left out by rules, each with the
+``full``, is 422,856 Accelerate resume flows). Combinations that do not exist are left out by rules, each with the
 reason it cannot happen.
 
 Each upstream has two kinds of flow: ``resume`` flows save and restart; ``order`` flows (reproducibility) run one

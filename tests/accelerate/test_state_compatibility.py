@@ -164,7 +164,7 @@ def test_prepare_draws_only_the_sampler_seed(num_workers):
 @pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
 def test_plain_dataloader_as_in_the_release(pristine, num_workers, num_processes):
     """Without ``use_stateful_dataloader``: the same two epochs and global RNG afterwards as the release, on one
-    process (where the series' fourth commit gives a stateful loader's sampler a generator) and on two."""
+    process (where the series' fourth commit gives a stateful loader another sampler) and on two."""
     runs = []
     for module in (pristine, data_loader_module):
         loader = prepared(module, num_workers, stateful=False, num_processes=num_processes)
@@ -370,26 +370,53 @@ def test_plain_dataloader_state_methods_as_in_the_release(pristine, method):
     assert raised[1] == raised[0], f"the series raises {raised[1]}, the release {raised[0]}"
 
 
-def global_rng_after(draws):
-    """The global RNG's state after ``torch.manual_seed(SEED)`` and ``draws`` draws of a 64-bit seed."""
+def one_process_loader(module, num_workers):
+    """A user's shuffled ``DataLoader`` and the stateful loader of one process that ``module`` prepares of it after
+    ``torch.manual_seed(SEED)``."""
     torch.manual_seed(SEED)
-    for _ in range(draws):
-        torch.empty((), dtype=torch.int64).random_()
-    return torch.random.get_rng_state()
+    loader = DataLoader(list(range(NUM_SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
+    return loader, module.prepare_data_loader(loader, num_processes=1, process_index=0, use_stateful_dataloader=True)
+
+
+def epochs_with_states(loader, epochs, states=None):
+    """The batches of ``epochs`` epochs of ``loader``, each step drawing from the global RNG as dropout does;
+    ``states``: the loader's state and the global RNG's after each batch (what ``save_state()`` keeps), by the number
+    of batches read."""
+    batches = []
+    for _ in range(epochs):
+        for batch in loader:
+            batches.append([int(i) for i in batch])
+            torch.rand(2)
+            if states is not None:
+                states[len(batches)] = (through_checkpoint(loader.state_dict()), torch.random.get_rng_state())
+    return batches
 
 
 @pytest.mark.regression("accelerate", "shuffled-resume")
-def test_stateful_loader_of_one_process_draws_its_sampler_seed_in_prepare(pristine):
-    """A shuffled stateful loader of one process (no workers): from the series' fourth commit ``prepare()`` draws one
-    number from the global RNG, the seed of the sampler's own generator, and the sampler draws none at each epoch
-    (the commit message and the PR say so); each epoch's iterator still draws its base seed, as torch's does. The two
-    epochs shuffle differently. (The release draws a base seed in ``prepare()``, where it builds an iterator, and the
-    sampler a seed at each epoch: 4 draws by the end of epoch 1.)"""
-    loader = prepared(data_loader_module, 0, num_processes=1)
-    assert torch.equal(torch.random.get_rng_state(), global_rng_after(1)), "prepare() drew other than one seed"
-    epochs = [ids(loader), ids(loader)]
-    assert torch.equal(torch.random.get_rng_state(), global_rng_after(3)), "the epochs drew more than base seeds"
-    assert epochs[0] != epochs[1], "both epochs have one order"
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
+def test_shuffled_loader_of_one_process_resumes_in_every_epoch_in_the_release_s_order(pristine, num_workers):
+    """A shuffled stateful loader of one process reads the release's batches for the seed, three epochs, draws from
+    the global RNG what the release draws, and leaves the user's sampler without a generator; restarted (prepared
+    after the seed, the global RNG set back, the state loaded) in the middle and at the end of epochs 0 and 1, it
+    reads the rest of the uninterrupted run's batches. (The release draws the order again from the restored RNG.)"""
+    release_batches = epochs_with_states(one_process_loader(pristine, num_workers)[1], 3)
+    release_rng = torch.random.get_rng_state()
+    states = {}
+    user_loader, loader = one_process_loader(data_loader_module, num_workers)
+    batches = epochs_with_states(loader, 3, states)
+    assert batches == release_batches, "the series reads other batches than the release for the same seed"
+    assert torch.equal(torch.random.get_rng_state(), release_rng), "the series draws other numbers than the release"
+    assert user_loader.sampler.generator is None, "the user's sampler was given a generator"
+    epoch_length = NUM_SAMPLES // BATCH_SIZE
+    wrong = []
+    for read in (epoch_length // 2, epoch_length, 3 * epoch_length // 2, 2 * epoch_length):
+        state, rng_state = states[read]
+        restarted = one_process_loader(data_loader_module, num_workers)[1]
+        torch.random.set_rng_state(rng_state)
+        restarted.load_state_dict(state)
+        if epochs_with_states(restarted, 3 - read // epoch_length) != batches[read:]:
+            wrong.append(read)
+    assert not wrong, f"the restarts after these numbers of batches read other batches: {wrong}"
 
 
 def processes(monkeypatch, num_processes):
