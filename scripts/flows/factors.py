@@ -119,8 +119,9 @@ ACCELERATE_RESUME_IMPOSSIBLE = [
      "use_seedable_sampler replaces a RandomSampler: only a shuffled map-style loader has one"),
     (("when", "epoch"), lambda f: f["when"] == "first-batch" and f["epoch"] != "0",
      "a checkpoint before the first batch of epoch e > 0 is the checkpoint at the end of epoch e - 1"),
-    (("seeding", "data"), lambda f: f["seeding"] == "own-generator" and f["data"] not in ("shuffled", "sequential",
-                                                                                        "weighted", "stateful-dataset"),
+    (("seeding", "data"),
+     lambda f: f["seeding"] == "own-generator" and f["data"] not in ("shuffled", "sequential", "weighted",
+                                                                      "stateful-dataset"),
      "a DataLoader's generator= is drawn from by its sampler; other data draw from the global RNG"),
 ]
 ACCELERATE_ORDER_IMPOSSIBLE = [ACCELERATE_RESUME_IMPOSSIBLE[4], ACCELERATE_RESUME_IMPOSSIBLE[6]]

@@ -254,8 +254,10 @@ def _user_code(config):
 def _early_state_dict(config):
     """A guard without workers; with workers a regression test of the commit that answers the first ``state_dict()``
     without the sampler: the base passes (``prepare()`` ran the batch sampler once, and the epoch used that run), the
-    fix of #4204 alone fails (it lets torchdata build an iterator to answer, which runs the batch sampler once more)."""
-    return pytest.param(config, marks=() if "-nw0-" in config else pytest.mark.regression("accelerate", "early-state-dict"))
+    fix of #4204 alone fails (torchdata builds an iterator to answer, which runs the batch sampler once more).
+    """
+    marks = () if "-nw0-" in config else pytest.mark.regression("accelerate", "early-state-dict")
+    return pytest.param(config, marks=marks)
 
 
 @pytest.mark.parametrize("config", [_user_code(config) for config in sorted(USER_CODE_CONFIGS)])
