@@ -71,10 +71,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="stages run at once (default: the CPU count)")
     parser.add_argument("--timeout", type=float, default=STAGE_TIMEOUT, help="seconds per stage")
+    parser.add_argument("--no-cache", dest="cache", action="store_false",
+                        help="run every stage, reusing no stored result (GATE_CACHE=0); the results are stored anew")
+    parser.add_argument("--cache-dir", type=Path, help="where stage results are kept (default: <out>/../gate-cache)")
     parser.add_argument("--keep-trees", action="store_true", help="leave the stages' trees in <out>/trees/")
     parser.add_argument("--outdated", type=Path, default=outdated.RECORD, help="the record of the last make outdated")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
+    args.cache_dir = (args.cache_dir or args.out.parent / "gate-cache").resolve()
     root = args.suites.resolve().parent
     if not args.out.is_relative_to(root):
         parser.error(f"--out {args.out} must lie inside {root}: the stages' node ids are paths relative to it")
@@ -131,17 +135,20 @@ def judge_and_report(ups: list[Upstream], args: argparse.Namespace, started: flo
     for up in ups:
         stages.prepare(up, args.out / "trees")
     runnable = [up for up in ups if not up.problems]
-    done = stages.run_stages(runnable, args) if runnable else {}
+    run_id = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    done = stages.run_stages(runnable, args, run_id) if runnable else {}
     print("gate: judging the stages, writing the report and removing the stages' trees", flush=True)
     with stages.progress_lines(lambda: ["still judging the stages and removing their trees"], stages.PROGRESS_S):
         root = args.suites.resolve().parent
-        stacks = [path for stage in stages.stage_names(ups) if stage in done
+        stacks = [path for stage in stages.stage_names(ups) if (args.out / stage).is_dir()
                   for path in stages.collect_stacks(args.out / stage, args.out)]
-        ups_graded = [stages.graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
+        ups_graded = [stages.graded(up, done.get(up.pin.name, {}), root, args.suites.resolve(), args.out)
+                      for up in ups]
         record = outdated.load_record(args.outdated)  # the last `make outdated`: is each base the newest release?
         meta = {"wall_s": round(time.monotonic() - started, 1), "versions": report.environment(),
                 "flows": report.flows_records(), "series": report.series_source(args.patches), "jobs": args.jobs,
-                "stacks": stacks,
+                "stacks": stacks, "run": run_id,
+                "cache": {"on": args.cache, "dir": os.path.relpath(args.cache_dir, args.out)},
                 "releases": {up.pin.name: outdated.release_status(record, up.pin.package, up.pin.version)
                              for up in ups}}
         doc, md, excerpts = report.build(ups_graded, meta)

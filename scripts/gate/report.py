@@ -172,20 +172,26 @@ def stack_markdown(name: str, u: dict) -> list[str]:
 
 
 def stages_markdown(doc: dict) -> list[str]:
-    """The stages once: what each held per upstream, its wall time, and links to its pytest log and JUnit XML."""
-    holds: dict[str, list[str]] = {}
+    """The stages once: what each held per upstream, whether it ran in this run or its results were reused (from
+    which run; scripts/gate/cache.py), its wall and CPU time, and links to its pytest log and results."""
+    rows: dict[str, list[dict]] = {}
     for name, u in doc["upstreams"].items():
         for stage, entry in u["stages"].items():
-            shared = f" (kit suite: the results of {entry['kit_results_of']})" if "kit_results_of" in entry else ""
-            holds.setdefault(stage, []).append(f"{name}: {entry.get('holds', '')}{shared}")
-    if not holds:
+            rows.setdefault(stage, []).append({"name": name, **entry})
+    if not rows:
         return []
-    md = ["| stage | holds | wall (s) | CPU (s) | log | JUnit |", "|---|---|---|---|---|---|"]
-    for stage, lines in holds.items():
-        entry = next(u["stages"][stage] for u in doc["upstreams"].values() if stage in u["stages"])
-        md.append(f"| {stage} | {'; '.join(lines)} | {entry.get('wall_s', '-')} | {entry.get('cpu_s') or '-'} "
-                  f"| [pytest.log]({stage}/pytest.log) "
-                  f"| [junit.xml]({stage}/junit.xml) |")
+    md = ["| stage | holds | ran or reused | wall (s) | CPU (s) | log | results |", "|---|---|---|---|---|---|---|"]
+    for stage, entries in rows.items():
+        holds = "; ".join(f"{e['name']}: {e.get('holds', '')}" + (f" (kit suite: the results of {e['kit_results_of']})"
+                                                                  if "kit_results_of" in e else "") for e in entries)
+        how = "; ".join(f"{e['name']}: " + (f"reused from the run of {e['reused']}" if e.get("reused") else "ran")
+                        for e in entries)
+        logs = list(dict.fromkeys((e.get("log", f"{stage}/pytest.log"), e.get("junit", f"{stage}/junit.xml"))
+                                  for e in entries))
+        first = entries[0]
+        md.append(f"| {stage} | {holds} | {how} | {first.get('wall_s', '-')} | {first.get('cpu_s') or '-'} "
+                  f"| {' '.join(f'[pytest.log]({log})' for log, _ in logs)} "
+                  f"| {' '.join(f'[{Path(junit).name}]({junit})' for _, junit in logs)} |")
     return [*md, ""]
 
 

@@ -29,7 +29,7 @@ from scripts import (
     worktree,
 )
 from scripts.checkout import BASE_ENV
-from scripts.gate import grading
+from scripts.gate import cache, grading
 from scripts.git import git, rev
 
 STAGE_TIMEOUT = 1800.0  # seconds of one stage's pytest process
@@ -292,10 +292,9 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
         paths.append(str(suites / up.pin.name))
         if up.kit_stages.get(stage, stage) != stage:
             deselect.append(f"--deselect={os.path.relpath(suites / up.pin.name, root)}/")
-        tree = up.trees[stage]
-        paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
-        launches += ["--launch=" + json.dumps(in_tree(entry, tree)) for entry in up.launches
-                     if sources.launched_file(entry) not in up.skipped and sources.launched_in(entry, tree)]
+        tests, entries = stage_tests(up, stage)
+        paths += [str(up.trees[stage] / test) for test in tests]
+        launches += ["--launch=" + json.dumps(in_tree(entry, up.trees[stage])) for entry in entries]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:anyio",
             "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
@@ -303,6 +302,15 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
             "-p", "scripts.pytest_progress", f"--progress-file={stage_dir / 'progress'}",
             f"--progress-expect={stage_dir / 'expected.json'}",
             f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *deselect, *launches, *paths]
+
+
+def stage_tests(up: Upstream, stage: str) -> tuple[list[str], list[dict]]:
+    """(the upstream test files, the ``launch`` entries) that ``up``'s ``stage`` runs: those its tree holds (a
+    stack's later commits add some), less the skipped files of a ``check = "fix"`` release."""
+    tree = up.trees[stage]
+    return ([test for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()],
+            [entry for entry in up.launches
+             if sources.launched_file(entry) not in up.skipped and sources.launched_in(entry, tree)])
 
 
 def in_tree(entry: dict, tree: Path) -> dict:
@@ -476,51 +484,128 @@ def progress_lines(describe, every: float):
         stop.set()
 
 
-def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]:
-    """Run the stages side by side (at most ``args.jobs`` at once), each over the upstreams that have it; return
-    {stage: {"launch", "results", "records"}} with the JUnit results renamed for the report. A stage that times out
-    is killed after its stacks are written to its log, and recorded as a problem of its upstreams. Raises KitError
-    when a stage that ended wrote no JUnit XML."""
+def stage_inputs(up: Upstream, stage: str, args: argparse.Namespace, shared: dict) -> dict:
+    """What the ``stage`` of ``up`` runs, as cache.py keys it: ``shared`` (the environment and the gate's code, the
+    same for every stage of a run), the stage's tree id and path, the kit's suite and whether the stage runs it, the
+    upstream tests and launch entries it runs (those its tree holds)."""
+    tests, entries = stage_tests(up, stage)
+    return {**shared, "upstream": up.pin.name, "tree": up.tree_ids[stage], "path": str(up.trees[stage]),
+            "suite": cache.suite_digest(args.suites.resolve(), up.pin.name),
+            "kit_suite": "runs" if up.kit_stages.get(stage, stage) == stage else "read from an earlier stage",
+            "upstream_tests": tests, "launches": entries,
+            "timeouts": [args.timeout, LAUNCH_TIMEOUT]}
+
+
+def reusable(up: Upstream, stage: str, args: argparse.Namespace, shared: dict) -> tuple[str, dict | None]:
+    """(the key of ``up``'s ``stage``, its stored entry or None: the stage runs). With ``args.cache`` off, no entry
+    is read."""
+    stage_key = cache.key(stage_inputs(up, stage, args, shared))
+    return stage_key, cache.load(args.cache_dir, stage_key) if args.cache else None
+
+
+def run_stages(ups: list[Upstream], args: argparse.Namespace, run_id: str) -> dict[str, dict[str, dict]]:
+    """Run the stages side by side (at most ``args.jobs`` at once), each over the upstreams that have it and whose
+    stored results (cache.py) cannot be reused; return {upstream: {stage: {"launch", "results", "records",
+    "reused", "key", "log"}}} with the JUnit results renamed for the report (``reused``: the id of the run that made
+    a reused result, '' for a stage run now, whose results are stored under ``run_id``). A stage that times out is
+    killed after its stacks are written to its log, and recorded as a problem of its upstreams. Raises KitError when
+    a stage that ended wrote no JUnit XML."""
     root = args.suites.resolve().parent
-    jobs, stages, roles = [], stage_names(ups), stage_roles(ups)
-    for stage in stages:
+    shared = {"environment": cache.environment_inputs(), "gate": cache.gate_code_digest()}
+    done: dict[str, dict[str, dict]] = {up.pin.name: {} for up in ups}
+    keys = {}
+    for up in ups:
+        for stage in up.names:
+            keys[up.pin.name, stage], entry = reusable(up, stage, args, shared)
+            if entry:
+                done[up.pin.name][stage] = {**entry, "reused": entry["run"], "key": keys[up.pin.name, stage],
+                                            "launch": launch.Launch(**entry["launch"], log=entry["log"])}
+    jobs, stages, roles = [], [], stage_roles(ups)
+    for stage in stage_names(ups):
+        mine = [up for up in ups if stage in up.trees and stage not in done[up.pin.name]]
+        reused = [f"{up.pin.name} reused (run {done[up.pin.name][stage]['reused']})" for up in ups
+                  if stage in done[up.pin.name]]
+        if reused:
+            print(f"gate {stage}: {', '.join(reused)}", flush=True)
+        if not mine:
+            continue
         stage_dir = (args.out / stage).resolve()
         (stage_dir / "tmp").mkdir(parents=True)
         (stage_dir / "imports").mkdir()
-        mine = [up for up in ups if stage in up.trees]
         (stage_dir / "expected.json").write_text(json.dumps(expected_failures(mine, stage, root)))
         command = stage_command(mine, stage, stage_dir, root, args.suites.resolve())
+        stages.append((stage, mine))
         jobs.append(launch.Job(command, stage_dir / "pytest.log", args.timeout, cwd=sources.KIT_ROOT,
                                env=stage_env(mine, stage, stage_dir)))
-    print(f"gate: stages {', '.join(stages)} started (at most {args.jobs} at once; logs in "
+    if not jobs:
+        print("gate: every stage's results are reused (GATE_CACHE=0 runs them all)", flush=True)
+        return done
+    print(f"gate: stages {', '.join(stage for stage, _ in stages)} started (at most {args.jobs} at once; logs in "
           f"{os.path.relpath(args.out)}/<stage>/pytest.log)", flush=True)
-    for stage in stages:
+    for stage, _ in stages:
         if stage not in grading.STAGES:
             print(f"  {stage}: {roles.get(stage, '')}", flush=True)
     print("  (a stage before a commit fails that commit's FAIL_TO_PASS tests on purpose: the progress says whether "
           "its failures are those)", flush=True)
-    renames = {stage: renamer([up for up in ups if stage in up.trees], stage, root) for stage in stages}
+    renames = {stage: renamer(mine, stage, root) for stage, mine in stages}
+
     def describe() -> list[str]:
         return ["the stages' tests done / collected", *(stage_progress(job, roles.get(stage, ""), renames[stage])
-                                                        for stage, job in zip(stages, jobs, strict=True))]
+                                                        for (stage, _), job in zip(stages, jobs, strict=True))]
 
     with progress_lines(describe, PROGRESS_S):
         launches = launch.run_all(jobs, args.jobs)
-    done = {}
-    for stage, job, result in zip(stages, jobs, launches, strict=True):
+    for (stage, mine), job, result in zip(stages, jobs, launches, strict=True):
         stage_dir, results = job.log.parent, {}
-        mine = [up for up in ups if stage in up.trees]
         if result.timed_out:  # every test of the stage is then missing: violations, and the report says why
             for up in mine:
                 up.problems.append(f"{up.pin.name}: the {stage} stage timed out after {args.timeout:.0f} s and was "
                                    f"killed; the stacks of its processes are in stacks/{stage}-pytest.log")
         else:
             results = grading.read_junit(stage_dir / "junit.xml", renamer(mine, stage, root))
-        done[stage] = {"launch": result, "results": results, "records": read_records(stage_dir / "imports")}
+        records = read_records(stage_dir / "imports")
+        for up in mine:
+            done[up.pin.name][stage] = {"launch": result, "results": results, "records": records, "reused": "",
+                                        "key": keys[up.pin.name, stage], "log": job.log}
         outcomes = Counter(r.outcome for r in results.values())
         print(f"gate {stage}: {stage_summary(stage_dir, outcomes)} in {result.seconds} s, {result.cpu_s} s of CPU "
               f"(log: {os.path.relpath(job.log)})", flush=True)
+        if storable(stage_dir, result):
+            for up in mine:
+                store(up, done[up.pin.name][stage], args, run_id)
     return done
+
+
+def storable(stage_dir: Path, result: launch.Launch) -> bool:
+    """Whether a stage that ran may be stored for reuse: pytest ended (exit 0, or 1 for failed tests) within its
+    timeout, and its failures were all the expected ones (its ``--progress-file``); else it runs again next time."""
+    try:
+        counts = json.loads((stage_dir / "progress").read_text())
+    except (OSError, ValueError):
+        return False
+    return result.returncode in (0, 1) and counts.get("failed") == counts.get("expected")
+
+
+def prefixes(up: Upstream, root: Path, suites: Path) -> tuple[str, str]:
+    """(the report's prefix of ``up``'s kit tests, e.g. ``tests/deepspeed/``, that of its upstream tests,
+    ``upstream/deepspeed/``): a stage's results of ``up`` are the tests whose ids start with one of them."""
+    return f"{os.path.relpath(suites / up.pin.name, root)}/", f"upstream/{up.pin.name}/"
+
+
+def store(up: Upstream, ran: dict, args: argparse.Namespace, run_id: str) -> None:
+    """Store what ``up``'s stage ``ran`` (an entry of run_stages) under its key in the cache: its own results (its
+    kit suite and upstream tests), the import records and the launch's figures. A disk that refuses costs the reuse,
+    with one line, not the run."""
+    own = prefixes(up, args.suites.resolve().parent, args.suites.resolve())
+    launched = ran["launch"]
+    entry = {"run": run_id, "upstream": up.pin.name, "records": ran["records"],
+             "results": {test: r for test, r in ran["results"].items() if test.startswith(own)},
+             "launch": {"returncode": launched.returncode, "seconds": launched.seconds, "cpu_s": launched.cpu_s}}
+    try:
+        cache.store(args.cache_dir, ran["key"], entry, launched.log)
+    except OSError as e:
+        print(f"gate: could not keep the results of {up.pin.name}'s stage for reuse ({e}); it runs again next time",
+              flush=True)
 
 
 def seconds(results) -> float:
@@ -538,11 +623,11 @@ def holds(up: Upstream, stage: stack.Stage) -> str:
     return text + (f" + the test hunks of commit {stage.tests_of}" if stage.tests_of else "")
 
 
-def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstream:
-    """The grading record of ``up``: each step's results of its before and after stages, declared ids, imports,
-    times."""
-    kit_prefix = f"{os.path.relpath(suites / up.pin.name, root)}/"
-    upstream_prefix = f"upstream/{up.pin.name}/"
+def graded(up: Upstream, done: dict, root: Path, suites: Path, out: Path) -> grading.Upstream:
+    """The grading record of ``up`` from ``done``, its stages' entries of ``run_stages``: each step's results of its
+    before and after stages, declared ids, imports, times, and per stage whether it ran or was reused (from which run,
+    under which key), with its log and results (``out/<stage>/`` when it ran, the cache entry when reused)."""
+    kit_prefix, upstream_prefix = prefixes(up, root, suites)
     g = grading.Upstream(up.pin.name, up.pin.version, rev(up.repo, f"base/{up.pin.version}"), check=up.check,
                          reason=up.reason, skipped=up.skipped, upstream_tests=bool(up.upstream_tests or up.launches),
                          series_id=stack.series_id(series.patch_files(up.patch_dir)))
@@ -560,8 +645,13 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
         results[name] = {**kit, **mine}
         g.imports[name] = check_imports(up, name, done[name]["records"])
         g.stages[name] |= {"wall_s": done[name]["launch"].seconds, "cpu_s": done[name]["launch"].cpu_s,
-                           "upstream_tests_s": seconds(mine.values()),
-                           "log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
+                           "upstream_tests_s": seconds(mine.values()), "reused": done[name]["reused"],
+                           "key": done[name]["key"][:12]}
+        if done[name]["reused"]:
+            stored = os.path.relpath(done[name]["log"].parent, out)
+            g.stages[name] |= {"log": f"{stored}/pytest.log", "junit": f"{stored}/{cache.ENTRY}"}
+        else:
+            g.stages[name] |= {"log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
         if kit_stage == name:
             g.stages[name]["kit_tests_s"] = seconds(kit.values())
         else:
