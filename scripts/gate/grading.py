@@ -163,7 +163,9 @@ class Upstream:
 
     ``steps``: one Step for a series judged as one block, one per commit for a stack. ``keys``: every regression key
     of a stack's commits. ``check``: ``series`` (the whole series) or ``fix`` (only its fix hunks; a release's
-    declaration); ``skipped``: upstream test files not run because their hunks do not apply (``fix`` only).
+    declaration); ``skipped``: upstream test files not run because their hunks do not apply (``fix`` only);
+    ``not_run``: {upstream test id: why}, the tests of its upstream test files that the gate deselects (``not_run`` of
+    ``[<name>.gate]``: a test that needs a GPU, say), reported, never judged.
     ``problems``: violations found outside the tests (a series that does not apply, a module imported from
     elsewhere). ``series_id``: scripts/stack.series_id of the patches judged. ``stages`` ({stage name: {"commit",
     "wall_s", "holds", ...}}), ``imports``: recorded as they are.
@@ -179,6 +181,7 @@ class Upstream:
     check: str = "series"
     reason: str = ""
     skipped: list = field(default_factory=list)
+    not_run: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)
     stages: dict = field(default_factory=dict)
     imports: dict = field(default_factory=dict)
@@ -297,7 +300,7 @@ def summary_of(up: Upstream, judged: list, violations: list[str]) -> dict:
     "PASS_TO_PASS", "tests", "violations", "verdict"}), its FAIL_TO_PASS every commit's, its PASS_TO_PASS the last
     commit's guards, its ``tests`` the last commit's rows."""
     entry = {"version": up.version, "base": up.base, "series_id": up.series_id, "check": up.check, "reason": up.reason,
-             "skipped_upstream_tests": up.skipped, "stages": up.stages, "imports": up.imports}
+             "skipped_upstream_tests": up.skipped, "not_run": up.not_run, "stages": up.stages, "imports": up.imports}
     rows = judged[-1][0] if judged else {}
     if not up.stacked:
         return {**entry, **contract_lists(rows), "tests": rows, "violations": violations,

@@ -120,10 +120,17 @@ def upstream_markdown(name: str, u: dict) -> list[str]:
         if u["skipped_upstream_tests"]:
             md.append("Upstream test files skipped (their hunks do not apply): "
                       + ", ".join(f"`{path}`" for path in u["skipped_upstream_tests"]) + ".")
-    md += ["", *imports_line(name, u), *unexplained_line(u)]
+    md += ["", *imports_line(name, u), *not_run_line(name, u), *unexplained_line(u)]
     if u["violations"]:
         md += violation_lines(u["violations"], u["tests"], name)
     return md + tests_table(u["tests"], "the series")
+
+
+def not_run_line(name: str, u: dict) -> list[str]:
+    """The upstream tests the gate deselected (``not_run`` of ``[<name>.gate]``), each with why; none: no line."""
+    reasons = u.get("not_run") or {}
+    return [f"Not run here (deselected, `not_run` in `[{name}.gate]`): "
+            + "; ".join(f"`{test}` ({why})" for test, why in reasons.items()) + ".", ""] if reasons else []
 
 
 def stack_markdown(name: str, u: dict) -> list[str]:
@@ -137,7 +144,7 @@ def stack_markdown(name: str, u: dict) -> list[str]:
           "test of both stages (the earlier commits' included) passes in both. Each stage ran in its own work tree "
           f"with the tree first on `PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests "
           f"`upstream/{name}/...`.",
-          "", *imports_line(name, u), *unexplained_line(u)]
+          "", *imports_line(name, u), *not_run_line(name, u), *unexplained_line(u)]
     own = {v for step in u["steps"] for v in step["violations"]}
     outside = [v for v in u["violations"] if v not in own]
     if outside:

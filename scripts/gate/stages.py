@@ -53,6 +53,7 @@ class Upstream:
     commits: list
     check: str = "series"
     reason: str = ""
+    not_run: dict = field(default_factory=dict)
     stages: list = field(default_factory=list)
     steps: list = field(default_factory=list)
     names: list = field(default_factory=list)
@@ -107,8 +108,12 @@ def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
         if check == "fix" and len(commits) > 1:
             raise KitError(f"[{name}.releases.\"{pin.version}\"] check = \"fix\" is for a series of one commit; "
                            f"{name}'s has {len(commits)}")
+        not_run = gate.get("not_run", {})
+        if not isinstance(not_run, dict) or not all(isinstance(why, str) and why for why in not_run.values()):
+            raise KitError(f"[{name}.gate] not_run must be a table of upstream test ids and one-line reasons, e.g. "
+                           '{ "tests/test_x.py::Class::test" = "needs a GPU" }')
         up = Upstream(pin, repo, args.patches / name, list(gate.get("upstream_tests", [])), launches, commits, check,
-                      release.get("reason", ""))
+                      release.get("reason", ""), dict(not_run))
         if commits:
             up.stages, up.steps = stack.plan(commits, scope)
         else:
@@ -293,6 +298,7 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
         if up.kit_stages.get(stage, stage) != stage:
             deselect.append(f"--deselect={os.path.relpath(suites / up.pin.name, root)}/")
         tests, entries = stage_tests(up, stage)
+        deselect += [f"--deselect={os.path.relpath(up.trees[stage], root)}/{test}" for test in up.not_run]
         paths += [str(up.trees[stage] / test) for test in tests]
         launches += ["--launch=" + json.dumps(in_tree(entry, up.trees[stage])) for entry in entries]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:anyio",
@@ -492,7 +498,7 @@ def stage_inputs(up: Upstream, stage: str, args: argparse.Namespace, shared: dic
     return {**shared, "upstream": up.pin.name, "tree": up.tree_ids[stage], "path": str(up.trees[stage]),
             "suite": cache.suite_digest(args.suites.resolve(), up.pin.name),
             "kit_suite": "runs" if up.kit_stages.get(stage, stage) == stage else "read from an earlier stage",
-            "upstream_tests": tests, "launches": entries,
+            "upstream_tests": tests, "launches": entries, "not_run": sorted(up.not_run),
             "timeouts": [args.timeout, LAUNCH_TIMEOUT]}
 
 
@@ -630,7 +636,7 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path, out: Path) -> gra
     kit_prefix, upstream_prefix = prefixes(up, root, suites)
     g = grading.Upstream(up.pin.name, up.pin.version, rev(up.repo, f"base/{up.pin.version}"), check=up.check,
                          reason=up.reason, skipped=up.skipped, upstream_tests=bool(up.upstream_tests or up.launches),
-                         series_id=stack.series_id(series.patch_files(up.patch_dir)))
+                         series_id=stack.series_id(series.patch_files(up.patch_dir)), not_run=up.not_run)
     stacked = len(up.commits) > 1
     g.keys = {commit.key for commit in up.commits} if stacked else set()
     results, shared = {}, []
