@@ -31,6 +31,9 @@ BENCH_ARGS ?=
 # (one per upstream at most).
 DEPS ?= 1
 MATRIX_JOBS ?= 2
+# `make matrix ROW=<id>`: gate that row only and write its record, build/matrix/<id>/row.json (the rows' ids:
+# `python -m scripts.matrix --list-rows`; the workflow runs one row per job).
+ROW ?=
 # `make upstream SOURCE=git` (or apply): a missing base comes from the upstream's git tag, not the sdist.
 SOURCE ?= sdist
 # `make export RESIGN=1`: re-sign the series with your git identity (author and Signed-off-by) first.
@@ -79,7 +82,7 @@ $(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES
 # shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
 # PYTEST_ARGS was silently ignored by make gate).
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS GATE_CACHE PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS ROW SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
 ABOUT_TOOLS := the venv of the upstreams' style tools
@@ -111,10 +114,12 @@ READ_BY_ON := stress
 READ_BY_SCENARIOS := stress
 ABOUT_BENCH_ARGS := options of python -m scripts.bench, e.g. --repeat 7 --gate
 READ_BY_BENCH_ARGS := bench
-ABOUT_DEPS := 0: the releases in the kit's venv only, without the dependency axis
+ABOUT_DEPS := 0: the releases in the kit's venv only, without the dependency and torch axes
 ABOUT_MATRIX_JOBS := upstreams gated at once
 READ_BY_DEPS := matrix
 READ_BY_MATRIX_JOBS := matrix
+ABOUT_ROW := one row of the matrix to gate, its record in build/matrix/<row>/row.json
+READ_BY_ROW := matrix
 ABOUT_SOURCE := where a missing base comes from: sdist, or git (needs GitHub)
 READ_BY_SOURCE := upstream apply
 ABOUT_RESIGN := 1: first sign the series as you (git's user.name and user.email)
@@ -271,7 +276,8 @@ lint: lint-ready $(TOOLS_STAMP) ## each series with its upstream's own tools + p
 	@$(call SAY,checking the series and the kit's code) $(LINT)
 
 matrix: need-venv ## every pinned release gated as it declares, x torchdata / numpy versions (DEPS=0: not); build/matrix/report.md (slow)
-	@$(call SAY,gating the matrix (each row's report in build/matrix/)) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(call is_no,$(DEPS)),--no-deps)
+	@$(call SAY,gating the matrix (each row's report in build/matrix/)) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(call is_no,$(DEPS)),--no-deps) \
+	  $(if $(call is_no,$(GATE_CACHE)),--no-cache) $(if $(ROW),--row $(call quote,$(ROW)))
 
 lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
 	@$(call SAY,making a fresh venv and freezing it (build/lock/)) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"
