@@ -316,9 +316,13 @@ def remove_stale_bodies(doc: dict, pr_dir: Path) -> None:
 
 
 def summary_lines(doc: dict) -> list[str]:
-    """The console's summary of a report: per upstream its counts (a stack: the commits' own, which its report's
-    summary table shows, and the FAIL_TO_PASS of all commits), then each violation."""
-    lines = []
+    """The console's summary of a report: how many stages ran and how many were reused, then per upstream its counts
+    (a stack: the commits' own, which its report's summary table shows, and the FAIL_TO_PASS of all commits), then
+    each violation."""
+    stages = [entry for u in doc["upstreams"].values() for entry in u["stages"].values()]
+    reused = sum(bool(entry.get("reused")) for entry in stages)
+    lines = [f"  stages of the upstreams: {len(stages) - reused} ran, {reused} reused their stored results"
+             + (" (GATE_CACHE=0 runs them all)" if reused else "")]
     for name, entry in doc["upstreams"].items():
         steps = entry.get("steps", [])
         if steps:
