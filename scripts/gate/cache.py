@@ -11,7 +11,9 @@ function of what it ran; ``inputs`` lists that, and the stage's key is the sha25
 - the upstream tests and ``launch`` entries the stage runs;
 - the environment: the locked requirements (requirements/constraints.txt), every distribution the running Python has
   with its version, the Python (version and executable) and torch's version;
-- the gate's own code: every ``.py`` file of scripts/ (the gate, its pytest plugins, sitecustomize, the launcher).
+- the gate's own code: what makes the trees and runs in the stages (STAGE_CODE: the gate's package, the modules it
+  and the stages' pytest plugins import, sitecustomize); a kit test checks that it covers their imports, so that the
+  kit's other tools (the bench, the matrix, make pr, make lint) change no key.
 
 Entries live in ``<cache>/<key>/`` (``entry.json`` and the stage's ``pytest.log``), written whole (a reader sees a
 whole entry or none). The gate stores the stages it ran, except those that timed out or whose failures were not all
@@ -33,6 +35,11 @@ from scripts import sources
 from scripts.gate.grading import Result
 
 GATE_CODE = sources.KIT_ROOT / "scripts"
+# The gate's own code, relative to GATE_CODE: folders whole, and modules (tests/kit/test_gate_cache.py checks that
+# these hold every scripts module that scripts.gate and the stages' pytest plugins import).
+STAGE_CODE = ("gate", "launch_site", "__init__.py", "checkout.py", "git.py", "launch.py", "outdated.py", "index.py",
+              "pytest_launch.py", "pytest_progress.py", "pytest_regression.py", "runlock.py", "series.py",
+              "sdist.py", "sources.py", "stack.py", "worktree.py")
 CONSTRAINTS = sources.KIT_ROOT / "requirements" / "constraints.txt"
 ENTRY = "entry.json"
 
@@ -53,9 +60,18 @@ def source_files(folder: Path) -> list[Path]:
     return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
 
 
+def gate_code_files() -> list[Path]:
+    """The ``.py`` files of the gate's own code: STAGE_CODE under GATE_CODE (scripts/)."""
+    found = []
+    for name in STAGE_CODE:
+        path = GATE_CODE / name
+        found += [p for p in source_files(path) if p.suffix == ".py"] if path.is_dir() else [path]
+    return found
+
+
 def gate_code_digest() -> str:
-    """sha256 of the gate's own code: every ``.py`` file under GATE_CODE (scripts/)."""
-    return files_digest([p for p in source_files(GATE_CODE) if p.suffix == ".py"], GATE_CODE)
+    """sha256 of the gate's own code (``gate_code_files``)."""
+    return files_digest(gate_code_files(), GATE_CODE)
 
 
 def suite_digest(suites: Path, name: str) -> str:

@@ -349,12 +349,14 @@ def check_imports(up: Upstream, stage: str, records: list[dict]) -> dict:
     ``records`` are the sitecustomize records of the stage. ``outside`` lists the module files outside the stage's
     tree (each a violation); a stage where no process imported the package is a violation too.
     """
-    tree, processes, modules, outside = up.trees[stage].resolve(), 0, set(), set()
+    tree, processes, files = up.trees[stage].resolve(), 0, set()
     for record in records:
-        files = [f for name, f in record["modules"].items() if f and name.partition(".")[0] == up.package]
-        processes += bool(files)
-        for file in files:
-            (modules if Path(file).resolve().is_relative_to(tree) else outside).add(file)
+        found = {f for name, f in record["modules"].items() if f and name.partition(".")[0] == up.package}
+        processes += bool(found)
+        files |= found
+    # Every process imports much the same modules: each file is resolved once (the judging took 150 s without it).
+    outside = {file for file in files if not Path(file).resolve().is_relative_to(tree)}
+    modules = files - outside
     if outside:
         up.problems.append(f"{up.pin.name} {stage}: {len(outside)} modules imported from outside the stage's tree, "
                            f"e.g. {sorted(outside)[0]}")

@@ -7,11 +7,15 @@ every stage; a stage whose failures were not the expected ones is not kept.
 
 import hashlib
 import json
+import os
+import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from scripts import gate
 from scripts.gate import cache
+from scripts.sources import KIT_ROOT
 from tests.kit.test_gate import GOOD, commit, make_series, write_kit
 
 # The upstream test as a launched pytest entry (an ``env`` can be added to it); adding the same file to
@@ -63,6 +67,7 @@ def test_a_stage_runs_again_exactly_when_an_input_of_its_key_changes(kit, capsys
     (code / "gate").mkdir(parents=True)
     (code / "gate" / "stages.py").write_text("# the gate's code\n")
     monkeypatch.setattr(cache, "GATE_CODE", code)
+    monkeypatch.setattr(cache, "STAGE_CODE", ("gate",))
 
     cold, _ = run(kit, capsys, argv)
     assert cold == {"before": "", "after": ""}
@@ -141,3 +146,19 @@ def test_the_key_is_the_hash_of_every_input():
     inputs = {"tree": "a" * 40, "suite": "b" * 64, "launches": [{"pytest": "tests/test_x.py::test"}]}
     assert cache.key(inputs) == hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     assert all(cache.key({**inputs, name: "changed"}) != cache.key(inputs) for name in inputs)
+
+
+def test_the_gate_code_in_the_key_holds_every_scripts_module_the_stages_import():
+    """What a stage runs of the kit: the gate's package, which makes the trees and launches the stage, the pytest
+    plugins of the stage's process and sitecustomize; every scripts module they import must be in STAGE_CODE, so that
+    a change to it changes the key. (In a fresh interpreter: the test's own imports do not count.)"""
+    plugins = "scripts.gate, scripts.pytest_launch, scripts.pytest_progress, scripts.pytest_regression"
+    probe = (f"import sys, {plugins}; sys.path.insert(0, 'scripts/launch_site'); import sitecustomize; "
+             "print('\\n'.join(m.__file__ for n, m in sys.modules.items() if n.split('.')[0] == 'scripts'))")
+    imported = subprocess.run([sys.executable, "-c", probe], cwd=KIT_ROOT, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTHONPATH": str(KIT_ROOT)}).stdout.split()
+    hashed = {path.resolve() for path in cache.gate_code_files()}
+    missing = {Path(f).resolve() for f in imported} - hashed
+    assert imported and not missing, sorted(map(str, missing))
+    assert (KIT_ROOT / "scripts" / "launch_site" / "sitecustomize.py").resolve() in hashed
+    assert not any("bench" in p.parts or p.name in ("matrix.py", "lint.py", "pr.py") for p in hashed)
