@@ -14,6 +14,9 @@ ACCELERATE_VERSION ?=
 JOBS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) * 2 )))
 # Stages of the gate run side by side, at most GATE_JOBS at once (default: the CPU count).
 GATE_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# `make gate GATE_CACHE=0`: run every stage, reusing no stored result (default: a stage whose inputs are unchanged
+# reuses its stored results, build/gate-cache/).
+GATE_CACHE ?=
 PYTEST_ARGS ?=
 # `make stress`: runs of the 2-process suite, busy processes competing for the CPUs meanwhile, and the code under
 # test (checkouts: as they are; base: the pristine releases; series: patches/ applied), in work trees for the latter.
@@ -28,6 +31,9 @@ BENCH_ARGS ?=
 # (one per upstream at most).
 DEPS ?= 1
 MATRIX_JOBS ?= 2
+# `make matrix ROW=<id>`: gate that row only and write its record, build/matrix/<id>/row.json (the rows' ids:
+# `python -m scripts.matrix --list-rows`; the workflow runs one row per job).
+ROW ?=
 # `make upstream SOURCE=git` (or apply): a missing base comes from the upstream's git tag, not the sdist.
 SOURCE ?= sdist
 # `make export RESIGN=1`: re-sign the series with your git identity (author and Signed-off-by) first.
@@ -51,7 +57,7 @@ DRAFT ?=
 
 # Boolean variables take 1, yes or true, or 0, no or false (empty: the default); anything else stops make here,
 # before anything runs (issue 22: DISCARD=0 used to mean yes).
-BOOLEANS := RESIGN DISCARD DEPS DRAFT KEEP_CONFLICT DEFAULT FULL
+BOOLEANS := RESIGN DISCARD DEPS DRAFT KEEP_CONFLICT DEFAULT FULL GATE_CACHE
 $(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
   $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
 is_yes = $(filter 1 yes true,$(1))
@@ -75,8 +81,8 @@ $(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES
 # Every variable of the kit: what it means, and the targets that read it (none listed: every target); `make help`
 # shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
 # PYTEST_ARGS was silently ignored by make gate).
-KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
+KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS GATE_CACHE PYTEST_ARGS REPEAT LOAD ON \
+  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS ROW SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
 ABOUT_TOOLS := the venv of the upstreams' style tools
@@ -93,6 +99,8 @@ ABOUT_JOBS := pytest-xdist workers of make test, processes of make stress (defau
 READ_BY_JOBS := test stress
 ABOUT_GATE_JOBS := stages of the gate run at once (default: the CPU count)
 READ_BY_GATE_JOBS := gate
+ABOUT_GATE_CACHE := 0: run every stage of the gate, reusing no stored result (default: reuse by content)
+READ_BY_GATE_CACHE := gate matrix
 ABOUT_PYTEST_ARGS := extra pytest arguments, e.g. -k partition
 READ_BY_PYTEST_ARGS := test
 NOTE_PYTEST_ARGS := ; the gate judges every test of the suite, so it takes none
@@ -106,10 +114,12 @@ READ_BY_ON := stress
 READ_BY_SCENARIOS := stress
 ABOUT_BENCH_ARGS := options of python -m scripts.bench, e.g. --repeat 7 --gate
 READ_BY_BENCH_ARGS := bench
-ABOUT_DEPS := 0: the releases in the kit's venv only, without the dependency axis
+ABOUT_DEPS := 0: the releases in the kit's venv only, without the dependency and torch axes
 ABOUT_MATRIX_JOBS := upstreams gated at once
 READ_BY_DEPS := matrix
 READ_BY_MATRIX_JOBS := matrix
+ABOUT_ROW := one row of the matrix to gate, its record in build/matrix/<row>/row.json
+READ_BY_ROW := matrix
 ABOUT_SOURCE := where a missing base comes from: sdist, or git (needs GitHub)
 READ_BY_SOURCE := upstream apply
 ABOUT_RESIGN := 1: first sign the series as you (git's user.name and user.email)
@@ -177,7 +187,7 @@ help: ## list the targets and variables
 	@echo "Variables (make TARGET NAME=value; the value now, what it means, [the targets that read it]):"
 	@$(foreach v,$(KNOWN),printf '  %-36s %s\n' $(call quote,$(v)=$($(v))) \
 	  $(call quote,$(ABOUT_$(v))$(if $(READ_BY_$(v)), [$(READ_BY_$(v))]));)
-	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT, KEEP_CONFLICT, DEFAULT, FULL) take 1, yes or true, or 0, no or false."
+	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT, KEEP_CONFLICT, DEFAULT, FULL, GATE_CACHE) take 1, yes or true, or 0, no or false."
 
 # A target the kit does not have (make gaet): one line naming the closest one and pointing at make help.
 .DEFAULT:
@@ -240,7 +250,7 @@ test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist
 gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in trees of their own; build/gate/
 	@$(NEED_VENV)
 	@$(LOCK) $(PY) -m scripts.gate $(VERSIONS) \
-	  --jobs $(GATE_JOBS)
+	  --jobs $(GATE_JOBS) $(if $(call is_no,$(GATE_CACHE)),--no-cache)
 
 flows: need-venv ## the flow table: save/restart flows on the release and the series (FULL=1: every triple); build/flows/
 	@$(call SAY,running the flow table (launch logs in build/flows/work/)) $(PY) -m scripts.flows \
@@ -266,7 +276,8 @@ lint: lint-ready $(TOOLS_STAMP) ## each series with its upstream's own tools + p
 	@$(call SAY,checking the series and the kit's code) $(LINT)
 
 matrix: need-venv ## every pinned release gated as it declares, x torchdata / numpy versions (DEPS=0: not); build/matrix/report.md (slow)
-	@$(call SAY,gating the matrix (each row's report in build/matrix/)) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(call is_no,$(DEPS)),--no-deps)
+	@$(call SAY,gating the matrix (each row's report in build/matrix/)) $(PY) -m scripts.matrix --torch "$(TORCH)" --pip-options="$(PIP_OPTS)" --jobs $(MATRIX_JOBS) $(if $(call is_no,$(DEPS)),--no-deps) \
+	  $(if $(call is_no,$(GATE_CACHE)),--no-cache) $(if $(ROW),--row $(call quote,$(ROW)))
 
 lock: check-python ## regenerate requirements/constraints.txt from a fresh venv (TORCH, kit.txt, the upstreams' dependencies)
 	@$(call SAY,making a fresh venv and freezing it (build/lock/)) $(PYTHON) -m scripts.lock --torch "$(TORCH)" --pip-options="$(PIP_OPTS)"

@@ -9,8 +9,8 @@ file must start with the ``header`` regex. Per patch: it applies to the base wit
 signed off by one identity. In a series of several
 commits (``[[<name>.gate.commits]]``) each commit is checked so: ``Fixes #<key>`` for a numeric key, none needed for
 a slug key (a follow-up without an issue number yet). The kit's own
-code: ``ruff check`` with the kit's pyproject.toml, and the GitHub Actions workflows against the workflow
-schema that check-jsonschema ships. Prints one line per problem; exit status 0 when clean.
+code: ``ruff check`` with the kit's pyproject.toml, and the GitHub Actions workflows with actionlint. Prints one
+line per problem; exit status 0 when clean.
 """
 
 import argparse
@@ -186,14 +186,14 @@ def report(what: str, problems: list[str]) -> None:
 
 
 def kit_problems(tools: Path) -> list[str]:
-    """The kit's own code: ``ruff check`` of scripts/ and tests/, and the workflows against GitHub's schema."""
+    """The kit's own code: ``ruff check`` of scripts/ and tests/, and the workflows with actionlint."""
     result = subprocess.run([str(tools / "bin" / "ruff"), "check", "--quiet", "scripts", "tests"],
                             cwd=sources.KIT_ROOT, capture_output=True, text=True)
     problems = [f"kit: `ruff check`:\n{result.stdout.strip()}"] if result.returncode else []
     workflows = sorted(str(p) for p in (sources.KIT_ROOT / ".github" / "workflows").glob("*.yml"))
-    result = subprocess.run([str(tools / "bin" / "check-jsonschema"), "--builtin-schema", "vendor.github-workflows",
-                             *workflows], capture_output=True, text=True)
-    return problems + ([f"kit: workflow schema:\n{result.stdout.strip()}"] if result.returncode else [])
+    result = subprocess.run([str(tools / "bin" / "actionlint"), "-no-color", *workflows], capture_output=True,
+                            text=True)
+    return problems + ([f"kit: actionlint:\n{(result.stdout + result.stderr).strip()}"] if result.returncode else [])
 
 if __name__ == "__main__":
     sys.exit(main())

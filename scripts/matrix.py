@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from scripts import KitError, last_line, launch, lock, runlock, sources, upstream
+from scripts import ArgumentParser, KitError, last_line, launch, lock, runlock, sources, upstream
 
 OUT = sources.KIT_ROOT / "build" / "matrix"
 # No single pip install or gate run of the matrix takes this long (seconds); past it the run is killed.
@@ -73,6 +73,12 @@ class Row:
     def name(self) -> str:
         """The row's short name: ``accelerate 1.13.0 with torchdata 0.8.0``."""
         return f"{self.upstream} {self.release}" + (f" with {self.dependency}" if self.dependency else "")
+
+    @property
+    def id(self) -> str:
+        """The row's id (``make matrix ROW=<id>``, its folder in build/matrix/): ``accelerate-1.13.0-torchdata-0.8.0``.
+        """
+        return self.name.replace(" with ", "-").replace(" ", "-")
 
 
 class Runner:
@@ -137,18 +143,19 @@ def variant_venv(runner: Runner, axis: dict, version: str, args: argparse.Namesp
     """Make (or reuse) the venv with ``axis["package"]`` at ``version``; return (its Python, notes) or ('', why not).
 
     The requirements are every line of the lock with the package at ``version`` and the packages of
-    ``axis["unpin"]`` unversioned; ``torch`` is ``args.torch``. The venv is reused while a stamp file in it holds
-    the same requirements, pip options and torch. Notes name the version pip chose for each unpinned package, and
-    what ``pip check`` finds in the venv, if anything.
+    ``axis["unpin"]`` unversioned; ``torch`` is ``args.torch``, or ``torch==<version>`` on the torch axis. The venv
+    is reused while a stamp file in it holds the same requirements, pip options and torch. Notes name the version
+    pip chose for each unpinned package, and what ``pip check`` finds in the venv, if anything.
     """
     package, probe = axis["package"], axis.get("import", axis["package"])
     venv = args.out / f"venv-{package}-{version}"
     log = args.out / f"venv-{package}-{version}.log"
     locked = lock.read(args.constraints)
     unpin = {lock.canonical(name) for name in axis.get("unpin", [])}
+    torch = f"torch=={version}" if package == "torch" else args.torch  # the torch axis: that torch instead of TORCH
     lines = [f"{package}=={version}"] + [name if name in unpin else f"{name}=={v}" for name, v in locked.items()
                                          if name != lock.canonical(package)]
-    spec = "\n".join([f"# torch: {args.torch}", f"# pip options: {args.pip_options}", *lines]) + "\n"
+    spec = "\n".join([f"# torch: {torch}", f"# pip options: {args.pip_options}", *lines]) + "\n"
     python, stamp = venv / "bin" / "python", venv / "kit-matrix-requirements.txt"
     if not (stamp.exists() and stamp.read_text() == spec and python.exists()):
         shutil.rmtree(venv, ignore_errors=True)
@@ -157,10 +164,10 @@ def variant_venv(runner: Runner, axis: dict, version: str, args: argparse.Namesp
             return "", [f"python -m venv failed: {error_of(log)}"]
         requirements = venv / "requirements.txt"
         requirements.write_text(spec)
-        pip = [str(python), "-m", "pip", "install", "--quiet", *shlex.split(args.pip_options), args.torch, "-r",
+        pip = [str(python), "-m", "pip", "install", "--quiet", *shlex.split(args.pip_options), torch, "-r",
                str(requirements)]
         if runner.run(pip, log) != 0:
-            return "", [f"pip cannot install {package} {version} with {args.torch} and the lock: {error_of(log)}"]
+            return "", [f"pip cannot install {package} {version} with {torch} and the lock: {error_of(log)}"]
         stamp.write_text(spec)
     show = "; ".join(f"print({name!r}, metadata.version({name!r}))" for name in sorted(unpin))
     code = f"import {probe}; from importlib import metadata; {show}"
@@ -188,11 +195,12 @@ def gate_row(runner: Runner, row: Row, python: str, args: argparse.Namespace) ->
     """Run the gate for ``row`` with ``python`` (its stages one at a time: the matrix runs upstreams side by side);
     fill in its verdict, check, counts and notes from its report.json. The row meets its declaration when the gate
     exits 0, ran the declared check, and records the row's dependency version in its environment (``versions``)."""
-    out = args.out / row.name.replace(" with ", "-").replace(" ", "-")
+    out = args.out / row.id
     (out / "report.json").unlink(missing_ok=True)
     command = [python, "-m", "scripts.gate", "--only", row.upstream, "--version", f"{row.upstream}={row.release}",
                f"--out={out}", f"--sources={args.sources}", f"--checkouts={args.checkouts}",
-               f"--patches={args.patches}", f"--suites={args.suites}", "--jobs=1"]
+               f"--patches={args.patches}", f"--suites={args.suites}", "--jobs=1",
+               *(["--no-cache"] if args.no_cache else [])]
     code = runner.run(command, out / "gate.log")
     try:
         doc = json.loads((out / "report.json").read_text())
@@ -221,12 +229,17 @@ def gate_row(runner: Runner, row: Row, python: str, args: argparse.Namespace) ->
     return row
 
 
+def locked(axis: dict, version: str, args: argparse.Namespace) -> bool:
+    """Whether ``version`` of the axis' package is the lock's (its rows run in the kit's venv)."""
+    return lock.read(args.constraints).get(lock.canonical(axis["package"])) == version
+
+
 def venv_for(runner: Runner, axis: dict, version: str | None, args: argparse.Namespace) -> tuple[str, str, list[str]]:
     """(Python, venv label, notes) for one dependency version: the kit's venv (``version`` None, or the locked
     version) or its own venv (variant_venv, timed); Python '' when it cannot be gated (the notes say why)."""
     if version is None:
         return sys.executable, "kit", []
-    if lock.read(args.constraints).get(lock.canonical(axis["package"])) == version:
+    if locked(axis, version, args):
         python, notes = kit_venv(axis, version)
         return python, "kit", notes
     started = time.monotonic()
@@ -235,56 +248,106 @@ def venv_for(runner: Runner, axis: dict, version: str | None, args: argparse.Nam
     return python, label, [*notes, f"venv made or checked in {round(time.monotonic() - started, 1)} s"]
 
 
-def upstream_rows(runner: Runner, name: str, entry: dict, built: dict[str, Future], args: argparse.Namespace
-                  ) -> list[Row]:
-    """Every row of one upstream, gated one after another: first in the kit's venv, then in each venv of its own as
-    ``built`` (dependency version -> Future of venv_for) delivers it. Rows come back in the axis' order."""
-    axis = {} if args.no_deps else entry.get("matrix", {})
-    releases, versions = sorted(entry["releases"], key=version_key), axis.get("versions", [None])
-    rows = []
-    for version in sorted(versions, key=lambda v: v in built):  # the kit's venv first: no wait
-        python, venv, notes = built[version].result() if version in built else venv_for(runner, axis, version, args)
-        dependency = f"{axis['package']} {version}" if version else ""
-        for release in releases:
-            declared = entry["releases"][release].get("check", "series")
-            row = Row(name, release, dependency, venv, declared)
-            started = time.monotonic()
-            if python and not runner.stopped.is_set():
-                gate_row(runner, row, python, args)
-            row.wall_s = round(time.monotonic() - started, 1)
-            reason = [f"declares check '{declared}': {entry['releases'][release].get('reason', 'no reason given')}"]
-            row.notes = (*(reason if declared != "series" and version == versions[0] else []),
-                         *(notes if release == releases[0] or not python else []), *row.notes)
-            print(f"matrix {row.name}: check {row.check} (declared {row.declared}), gate {row.gate}, "
-                  f"{'meets' if row.meets else 'DOES NOT MEET'} its declaration ({row.wall_s} s)", flush=True)
-            rows.append(row)
-    return sorted(rows, key=lambda r: (versions.index(r.dependency.split()[-1] if r.dependency else None),
-                                       version_key(r.release)))
-
-
-def make_bases(table: dict, args: argparse.Namespace) -> None:
-    """Add the missing ``base/<version>`` of every release (scripts.upstream checkout; the work tree is not
-    touched). Raises KitError with the checkout's error."""
+def plan(table: dict, args: argparse.Namespace) -> list[tuple[Row, dict, str | None]]:
+    """Every row of the matrix, in the report's order: per upstream, each version of its dependency axis
+    (``[<name>.matrix]``) with every release, then its torch axis (``[<name>.torch_axis]``: the default release with
+    each torch version); (the row, its axis ({} for none), its version, None for the kit's venv). ``--no-deps``: no
+    axis, one row per release."""
+    planned = []
     for name, entry in table.items():
-        for release in entry["releases"]:
-            code = upstream.main(["checkout", "--only", name, "--version", f"{name}={release}",
-                                  f"--sources={args.sources}", f"--checkouts={args.checkouts}",
-                                  f"--cache={args.cache}", f"--pip-options={args.pip_options}"])
-            if code != 0:
-                raise KitError(f"cannot make base/{release} of {name}: see the error above")
+        axis = {} if args.no_deps else entry.get("matrix", {})
+        releases = sorted(entry["releases"], key=version_key)
+        for version in axis.get("versions", [None]):
+            dependency = f"{axis['package']} {version}" if version else ""
+            planned += [(Row(name, release, dependency, "", entry["releases"][release].get("check", "series")), axis,
+                         version) for release in releases]
+        torch = {} if args.no_deps else {"package": "torch", **entry.get("torch_axis", {})}
+        default = entry["version"]
+        planned += [(Row(name, default, f"torch {version}", "", entry["releases"][default].get("check", "series")),
+                     torch, version) for version in torch.get("versions", [])]
+    return planned
 
 
-def write_report(rows: list[Row], out: Path, wall_s: float, jobs: int) -> str:
-    """Write ``report.json`` and ``report.md`` into ``out``; return the markdown."""
+def upstream_rows(runner: Runner, planned: list[tuple[Row, dict, str | None]], built: dict[tuple, Future],
+                  args: argparse.Namespace) -> list[Row]:
+    """Gate the ``planned`` rows of one upstream one after another, those in the kit's venv first, then those of
+    each venv of its own as ``built`` ((package, version) -> Future of venv_for) delivers it; write each row's
+    record (``write_record``). Rows come back in the planned order."""
+    pythons: dict[tuple, tuple[str, str, list[str]]] = {}
+    seen_releases = set()
+    for row, axis, version in sorted(planned, key=lambda p: (p[1].get("package"), p[2]) in built):
+        venv_key = (axis.get("package"), version)
+        first = venv_key not in pythons
+        if first:
+            pythons[venv_key] = (built[venv_key].result() if venv_key in built
+                                 else venv_for(runner, axis, version, args))
+        python, row.venv, notes = pythons[venv_key]
+        started = time.monotonic()
+        if python and not runner.stopped.is_set():
+            gate_row(runner, row, python, args)
+        row.wall_s = round(time.monotonic() - started, 1)
+        release = args.table[row.upstream]["releases"][row.release]
+        reason = [f"declares check '{row.declared}': {release.get('reason', 'no reason given')}"]
+        row.notes = (*(reason if row.declared != "series" and row.release not in seen_releases else []),
+                     *(notes if first or not python else []), *row.notes)
+        seen_releases.add(row.release)
+        write_record(row, args.out)
+        print(f"matrix {row.name}: check {row.check} (declared {row.declared}), gate {row.gate}, "
+              f"{'meets' if row.meets else 'DOES NOT MEET'} its declaration ({row.wall_s} s)", flush=True)
+    order = [row.id for row, _, _ in planned]
+    return sorted((row for row, _, _ in planned), key=lambda row: order.index(row.id))
+
+
+def write_record(row: Row, out: Path) -> Path:
+    """Write the record of one gated row, ``out/<row id>/row.json`` (what ``--collect`` reads); return its path."""
+    path = out / row.id / "row.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(row), indent=2) + "\n")
+    return path
+
+
+def collect(planned: list[tuple[Row, dict, str | None]], out: Path) -> list[Row]:
+    """The planned rows from their records (``write_record``, ``out/<row id>/row.json``: the jobs of the workflow
+    each gate one row), in the planned order; a row without a record is "no record" and does not meet its
+    declaration. Raises KitError when a record cannot be read."""
+    rows = []
+    for row, _, _ in planned:
+        path = out / row.id / "row.json"
+        if not path.exists():
+            row.gate, row.notes = "no record", (f"no {path.relative_to(out)}: its job did not gate it",)
+            rows.append(row)
+            continue
+        try:
+            fields = json.loads(path.read_text())
+            rows.append(Row(**{**fields, "notes": tuple(fields.get("notes", ()))}))
+        except (OSError, ValueError, TypeError) as e:
+            raise KitError(f"{path} is not a row record ({e}): make matrix ROW={row.id} gates it again") from None
+    return rows
+
+
+def make_bases(releases: set[tuple[str, str]], args: argparse.Namespace) -> None:
+    """Add the missing ``base/<version>`` of every (upstream, release) of ``releases`` (scripts.upstream checkout;
+    the work tree is not touched). Raises KitError with the checkout's error."""
+    for name, release in sorted(releases):
+        code = upstream.main(["checkout", "--only", name, "--version", f"{name}={release}",
+                              f"--sources={args.sources}", f"--checkouts={args.checkouts}",
+                              f"--cache={args.cache}", f"--pip-options={args.pip_options}"])
+        if code != 0:
+            raise KitError(f"cannot make base/{release} of {name}: see the error above")
+
+
+def write_report(rows: list[Row], out: Path, how: str) -> str:
+    """Write ``report.json`` and ``report.md`` into ``out`` (``how``: how the rows ran, e.g. ``wall time 2130 s
+    with 2 upstream(s) at once``); return the markdown."""
     failing = [row.name for row in rows if not row.meets]
     doc = {"verdict": "fail" if failing else "pass", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "series": {row.upstream: row.series_id for row in rows if row.series_id}, "wall_s": wall_s,
-           "jobs": jobs, "failing": failing, "rows": [asdict(row) for row in rows]}
+           "series": {row.upstream: row.series_id for row in rows if row.series_id}, "how": how,
+           "failing": failing, "rows": [asdict(row) for row in rows]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(doc, indent=2) + "\n")
     series = ", ".join(f"{name} `{sid}`" for name, sid in doc["series"].items())
     md = [f"Matrix: **{doc['verdict'].upper()}**, {len(rows) - len(failing)} of {len(rows)} rows meet their "
-          f"declaration; wall time {wall_s} s with {jobs} upstream(s) at once; {doc['date']}; series judged: "
+          f"declaration; {how}; {doc['date']}; series judged: "
           f"{series or 'none'}.", "",
           "| upstream | release | dependency | venv | declared | check run | gate | FAIL_TO_PASS | PASS_TO_PASS "
           "| wall (s) | meets |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -300,13 +363,18 @@ def write_report(rows: list[Row], out: Path, wall_s: float, jobs: int) -> str:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """Parse the matrix's options (paths default to the kit's own layout)."""
-    parser = argparse.ArgumentParser(prog="python -m scripts.matrix", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m scripts.matrix", description=__doc__.splitlines()[0])
     parser.add_argument("--torch", default="torch==2.13.0", help="the torch requirement of the matrix venvs")
     parser.add_argument("--pip-options", default="", help="extra pip options, one shell-quoted string")
     parser.add_argument("--python", default=sys.executable, help="the Python 3.11 that makes the matrix venvs")
     parser.add_argument("--jobs", type=int, default=2, help="upstreams gated at once")
     parser.add_argument("--no-deps", action="store_true", help="no dependency axis: the kit's venv only")
+    parser.add_argument("--no-cache", action="store_true", help="the gates reuse no stored stage result")
     parser.add_argument("--only", help="this upstream only")
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--row", help="gate this row only and write its record, <out>/<row>/row.json (make matrix ROW=)")
+    what.add_argument("--list-rows", action="store_true", help="print the rows' ids as a JSON list, run nothing")
+    what.add_argument("--collect", action="store_true", help="the report from the rows' records, run nothing")
     parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)
     parser.add_argument("--constraints", type=Path, default=lock.CONSTRAINTS)
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
@@ -318,28 +386,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the matrix; print and write the table; return 0 when every row meets its declaration, else 1."""
+    """Run the matrix (``--row``: one row, its record only; ``--list-rows``: print the rows; ``--collect``: the
+    report from the records); print and write the table; return 0 when every row meets its declaration, else 1."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.out = args.out.resolve()
     started = time.monotonic()
     runner = Runner()
     try:
-        table = sources.load(args.sources)
-        table = {args.only: table[args.only]} if args.only else table
-        make_bases(table, args)
-        # One thread makes the venvs of the dependency axis, in the order the upstreams need them, while the
+        args.table = sources.load(args.sources)
+        table = {args.only: args.table[args.only]} if args.only else args.table
+        planned = plan(table, args)
+        if args.list_rows:
+            print(json.dumps([row.id for row, _, _ in planned]))
+            return 0
+        if args.collect:
+            rows = collect(planned, args.out)
+            return finish(rows, write_report(rows, args.out, f"collected from {len(rows)} row records "
+                                             f"({round(sum(r.wall_s for r in rows), 1)} s of gate wall time in all)"))
+        if args.row:
+            planned = [p for p in planned if p[0].id == args.row]
+            if not planned:
+                raise KitError(f"ROW={args.row} is not a row of the matrix: `python -m scripts.matrix --list-rows` "
+                               "lists them")
+        make_bases({(row.upstream, row.release) for row, _, _ in planned}, args)
+        # One thread makes the venvs of the dependency axes, in the order the upstreams need them, while the
         # upstreams' rows in the kit's venv are gated.
         with (launch.sigterm_as_interrupt(), ThreadPoolExecutor(max_workers=1) as builder,
               ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool):
-            built = {name: {} for name in table}
-            for name, entry in table.items():
-                axis = {} if args.no_deps else entry.get("matrix", {})
-                locked = lock.read(args.constraints) if axis else {}
-                for version in axis.get("versions", []):
-                    if locked.get(lock.canonical(axis["package"])) != version:
-                        built[name][version] = builder.submit(venv_for, runner, axis, version, args)
-            futures = [pool.submit(upstream_rows, runner, name, entry, built[name], args)
-                       for name, entry in table.items()]
+            built: dict[tuple, Future] = {}
+            for _, axis, version in planned:
+                venv_key = (axis.get("package"), version)
+                if version is not None and venv_key not in built and not locked(axis, version, args):
+                    built[venv_key] = builder.submit(venv_for, runner, axis, version, args)
+            futures = [pool.submit(upstream_rows, runner, [p for p in planned if p[0].upstream == name], built, args)
+                       for name in dict.fromkeys(row.upstream for row, _, _ in planned)]
             try:
                 rows = [row for future in futures for row in future.result()]
             except BaseException:
@@ -351,8 +431,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("matrix: interrupted; every gate and pip run it started was killed", file=sys.stderr)
         return 130
-    md = write_report(rows, args.out, round(time.monotonic() - started, 1), args.jobs)
-    print("\n" + md)
+    if args.row:
+        print(f"matrix: the record of {args.row} is in {os.path.relpath(args.out / args.row / 'row.json')}; "
+              "python -m scripts.matrix --collect makes the report from the records")
+        return finish(rows, "")
+    wall_s = round(time.monotonic() - started, 1)
+    return finish(rows, write_report(rows, args.out, f"wall time {wall_s} s with {args.jobs} upstream(s) at once"))
+
+
+def finish(rows: list[Row], md: str) -> int:
+    """Print the table ``md`` and one line per row that does not meet its declaration; return the exit status."""
+    if md:
+        print("\n" + md)
     failing = [row.name for row in rows if not row.meets]
     for name in failing:
         print(f"matrix: {name} does not meet its declaration", file=sys.stderr)

@@ -8,7 +8,8 @@ One line per thing the kit pins that upstream releases, then a summary line:
   the releases the file knows (``[<name>.releases]``);
 - each dependency axis (``package`` of ``[<name>.matrix]``: torchdata, numpy): its newest final release against the
   lock's version (``requirements/constraints.txt``) and the matrix's ``versions``;
-- torch: its newest final release against ``TORCH`` (the Makefile's, ``torch==2.13.0``).
+- torch: its newest final release against ``TORCH`` (the Makefile's, ``torch==2.13.0``) and the versions of the
+  matrix's torch axes (``[<name>.torch_axis]``).
 
 The index is asked directly through its JSON API (scripts/index.py), not through pip's resolver, so pip's own
 configuration (a constraint capping torch, say) does not hide a release. Pre-, dev- and yanked releases are never
@@ -82,7 +83,8 @@ def watched(table: dict, lock: dict[str, str], torch_spec: str) -> list[Watched]
             package = axis["package"]
             found.append(Watched(package, package, "dependency", lock.get(normalized(package), ""),
                                  tuple(axis.get("versions", [])), owner=name))
-    return [*found, Watched("torch", "torch", "torch", torch_version(torch_spec), spec=torch_spec)]
+    axis = tuple(dict.fromkeys(v for t in table.values() for v in t.get("torch_axis", {}).get("versions", [])))
+    return [*found, Watched("torch", "torch", "torch", torch_version(torch_spec), axis, spec=torch_spec)]
 
 
 def key(version: str) -> tuple:
@@ -138,8 +140,11 @@ def judge(item: Watched, finals: list[index.Release]) -> dict:
         return {**line, "newer": [], "status": "unpinned",
                 "text": f"{head} is the newest; TORCH={item.spec} pins no exact version (pip chooses)"}
     else:
+        rows = f" and the matrix's torch rows ({listed})" if item.known else ""
+        beyond = [v for v in newer if all(key(v) > key(k) for k in item.known)]
         text = (f"{head} is the version of TORCH={item.spec}" if not newer else
-                f"{head} is NEWER than TORCH={item.spec}: {ranges(newer)}")
+                f"{head} is NEWER than TORCH={item.spec}{rows}: {ranges(beyond)}" if beyond else
+                f"{head} is NEWER than TORCH={item.spec}, in the matrix's torch rows ({listed})")
     return {**line, "newer": newer, "status": "newer" if newer else "current", "text": text}
 
 

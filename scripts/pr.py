@@ -27,7 +27,7 @@ exists, has no violation for that upstream, and its last *after* stage tested th
 there is a template per commit; the kit's URL is usable. Raises KitError (exit 1, one line) otherwise. A test is
 *new* when its function is a ``def test_...`` that the PR's commit adds (``+`` lines of its patch), found as the
 longest such name that the test's name starts with. ``build/pr/<name>/.series`` records the series id, so that a
-later gate of another series removes the bodies (scripts/gate.py).
+later gate of another series removes the bodies (scripts/gate/).
 """
 
 import json

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts import KitError, grading, launch, sources
+from scripts import KitError, launch, sources
+from scripts.gate import grading
 
 
 class LaunchError(Exception):

@@ -7,7 +7,7 @@ Loaded with ``-p scripts.pytest_progress`` (``make test``, the gate's stages). O
   until S seconds have passed, so a short run prints none and a CI log gets one line per S seconds. A test that has
   run for S seconds or more is named there (``; running for R s: <node id>``: the longest-running one).
 - ``--progress-file=PATH``: at the start and end of every test, a JSON object written to PATH whole, for a process
-  that reports on this one (scripts/gate.py): ``done``, ``total`` (collected), ``failed``, ``expected`` (of the
+  that reports on this one (scripts/gate/): ``done``, ``total`` (collected), ``failed``, ``expected`` (of the
   failed, those ``--progress-expect`` expects), ``running`` ([node id, time.time() it started] of the longest-running
   test, or null).
 - ``--progress-expect=PATH``: a JSON object {"ids": [node ids], "markers": ["<upstream>#<key>" or "<upstream>#*"]}:

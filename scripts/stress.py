@@ -33,7 +33,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from scripts import KitError, grading, launch, runlock, series, sources, worktree
+from scripts import KitError, launch, runlock, series, sources, worktree
+from scripts.gate import grading
 from scripts.git import git, rev
 from scripts.sources import KIT_ROOT
 

@@ -84,11 +84,13 @@ def floor_accelerate(args: argparse.Namespace, side: Side, index: int) -> dict:
 
 
 def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
-    """One ``python -m scripts.gate OPTIONS`` (report under ``<out>/gate``); {"seconds", "exit", "verdict", "stages"}.
+    """One ``python -m scripts.gate OPTIONS`` (report under ``<out>/gate``); {"seconds", "cpu_s", "exit", "verdict",
+    "counts", "ran", "reused", "stages"}.
 
     ``stages`` is {stage: {"wall_s", "cpu_s", "<upstream> kit tests", "<upstream> upstream tests"}} from the gate's own
-    report. A gate that fails its contract is recorded, not an error; a timeout or a missing report raises
-    BenchError.
+    report; ``ran`` / ``reused``: the ``<upstream> <stage>`` that ran or whose results were reused (scripts/gate/
+    cache.py); ``counts``: ``counts`` of the report. A gate that fails its contract is recorded, not an error; a
+    timeout or a missing report raises BenchError.
     """
     out = args.out / "gate"
     command = [str(args.python), "-m", "scripts.gate", "--out", str(out), *options]
@@ -104,6 +106,11 @@ def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
     with contextlib.suppress(OSError, ValueError):
         report = json.loads((out / "report.json").read_text())
         record["verdict"] = report["verdict"]
+        record["counts"] = counts(report)
+        record["ran"] = sorted(f"{name} {stage}" for name, up in report["upstreams"].items()
+                               for stage, entry in up["stages"].items() if not entry.get("reused"))
+        record["reused"] = sorted(f"{name} {stage}" for name, up in report["upstreams"].items()
+                                  for stage, entry in up["stages"].items() if entry.get("reused"))
         for name, up in report["upstreams"].items():
             for stage, entry in up["stages"].items():
                 figures = record["stages"].setdefault(stage, {"wall_s": entry["wall_s"], "cpu_s": entry.get("cpu_s")})
@@ -115,9 +122,63 @@ def run_gate(args: argparse.Namespace, label: str, *options: str) -> dict:
     return record
 
 
+def counts(report: dict) -> dict[str, list[list]]:
+    """{upstream: [[commit ("1/4", or "series"), FAIL_TO_PASS, PASS_TO_PASS, violations, verdict], ...]} of a gate's
+    report.json: what two gates must agree on to have judged the same."""
+    found = {}
+    for name, up in report["upstreams"].items():
+        steps = up.get("steps") or [{**up, "commit": "series", "of": ""}]
+        found[name] = [[f"{s['commit']}/{s['of']}" if s["of"] else s["commit"], len(s["FAIL_TO_PASS"]),
+                        len(s["PASS_TO_PASS"]), len(s["violations"]), s["verdict"]] for s in steps]
+    return found
+
+
+def one_line_change(patches: Path, into: Path) -> str:
+    """Copy the series ``patches`` (patches/<name>/) to ``into`` and change one line of code of the last patch of the
+    first upstream (by name) that has one: a comment line the patch adds to a ``.py`` file outside ``tests/``, with
+    words appended (the hunk's line counts stay); return what was changed. Raises BenchError when no patch adds such a
+    line."""
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(patches, into)
+    for series_dir in sorted(p for p in into.iterdir() if p.is_dir()):
+        last = sorted(series_dir.glob("*.patch"))[-1:]
+        lines = last[0].read_text().splitlines(keepends=True) if last else []
+        file = ""
+        for number, line in enumerate(lines):
+            if line.startswith("diff --git "):
+                file = line.split()[-1].removeprefix("b/")
+            elif (file.endswith(".py") and not file.startswith("tests/") and line.startswith("+")
+                  and not line.startswith("+++") and line[1:].lstrip().startswith("#")):
+                lines[number] = line.rstrip("\n") + " (a one-line change of the bench)\n"
+                last[0].write_text("".join(lines))
+                return f"{series_dir.name}/{last[0].name}: a comment line of {file}"
+    raise BenchError(f"no last patch under {patches} adds a comment line to a .py file outside tests/ to change")
+
+
+def bench_reuse(args: argparse.Namespace, cold: dict, cache: Path) -> dict:
+    """After a cold gate ``cold`` (run_gate, its results stored in ``cache``): a warm gate (nothing changed) and a
+    gate after a one-line change to the last commit's patch of an upstream (``one_line_change``), both with
+    ``cache``; {"cold", "warm", "one_line": run_gate records, "changed", and the wall and CPU ratios to the cold
+    gate}."""
+    print("bench: the gate again with nothing changed (its stage results reused)", flush=True)
+    warm = run_gate(args, "warm", "--cache-dir", str(cache))
+    changed = one_line_change(sources.KIT_ROOT / "patches", args.out / "one-line-patches")
+    print(f"bench: the gate after a one-line change ({changed})", flush=True)
+    one_line = run_gate(args, "one-line", "--cache-dir", str(cache), "--patches", str(args.out / "one-line-patches"))
+    result = {"cold": cold, "warm": warm, "one_line": one_line, "changed": changed}
+    for label in ("warm", "one_line"):
+        result[f"{label}_wall_ratio"] = round(result[label]["seconds"] / cold["seconds"], 3)
+        result[f"{label}_cpu_ratio"] = round(result[label]["cpu_s"] / cold["cpu_s"], 3) if cold["cpu_s"] else None
+    return result
+
+
 def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> dict:
-    """Item 4: the gate and its floor F, alternating (F first in even repetitions); figures are medians (s)."""
+    """Item 4: the gate and its floor F, alternating (F first in even repetitions), each gate cold (no stored stage
+    result); then, after the last cold gate, a warm one and one after a one-line change (``bench_reuse``). Figures
+    are medians (s)."""
     runs: list[dict] = []
+    reuse: dict = {}
+    cache = args.out / "gate-cache"
     # Untimed: checks that every reproduction runs, and compiles the base work trees' bytecode before timing.
     for kind in DEEPSPEED_REPROS.values():
         floor_deepspeed(args, sides["deepspeed"]["base"], -1, kind)
@@ -132,14 +193,16 @@ def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> d
                                           for key, kind in DEEPSPEED_REPROS.items()}
                     entry["accelerate"] = floor_accelerate(args, sides["accelerate"]["base"], index)
                 else:
-                    print("bench: the gate (python -m scripts.gate; a few minutes)", flush=True)
-                    entry["gate"] = run_gate(args, str(index))
+                    print("bench: the gate, cold (python -m scripts.gate --no-cache; a few minutes)", flush=True)
+                    shutil.rmtree(cache, ignore_errors=True)
+                    entry["gate"] = run_gate(args, str(index), "--no-cache", "--cache-dir", str(cache))
             floors = [*entry["deepspeed"].values(), entry["accelerate"]]
             entry["F_s"] = round(sum(floor["seconds"] for floor in floors), 1)
             entry["F_cpu_s"] = round(sum(floor["cpu_s"] for floor in floors), 1)
             runs.append(entry)
             print(f"bench: gate repetition {index + 1}/{args.gate_repeat}: gate {entry['gate']['seconds']:.1f} s "
                   f"({entry['gate']['verdict']}), F {entry['F_s']:.1f} s", flush=True)
+        reuse = bench_reuse(args, runs[-1]["gate"], cache)
     except KeyboardInterrupt:
         cut_short(args, "gate", {"gate": runs}, args.gate_repeat)
     med = statistics.median
@@ -152,7 +215,7 @@ def bench_gate(args: argparse.Namespace, sides: dict[str, dict[str, Side]]) -> d
             "gate_over_F": round(med(r["gate"]["seconds"] / r["F_s"] for r in runs), 2),
             "gate_cpu_s": med(r["gate"]["cpu_s"] for r in runs), "F_cpu_s": med(r["F_cpu_s"] for r in runs),
             "gate_cpu_over_F_cpu": round(med(r["gate"]["cpu_s"] / r["F_cpu_s"] for r in runs), 2),
-            "verdicts": [r["gate"]["verdict"] for r in runs], "stages_s": stages}
+            "verdicts": [r["gate"]["verdict"] for r in runs], "stages_s": stages, "reuse": reuse}
 
 
 def bench_gate_profile(args: argparse.Namespace) -> dict:
@@ -278,7 +341,28 @@ def gate_markdown(g: dict) -> list[str]:
             f"{g['gate_cpu_s'] / (os.cpu_count() or 1):.1f} s of wall time even with nothing else running, F's wall "
             "time is mostly waiting (process start, imports, the rendezvous).", "",
             "The gate's stages (median s, from its report; the stages ran side by side, so their walls overlap):", "",
-            *stages_table(g["stages_s"]), ""]
+            *stages_table(g["stages_s"]), "", *(reuse_markdown(g["reuse"]) if g.get("reuse") else [])]
+
+
+def reuse_markdown(r: dict) -> list[str]:
+    """The report's section of the gate's stage results reused (``bench_reuse``): each gate's wall and CPU time as
+    ratios to the cold one, the stages it ran, and whether it judged as the cold one did."""
+    md = ["### Stage results reused by content (issue 42)", "",
+          "The last cold gate above (every stage run, `--no-cache`), then with the same cache: the gate again with "
+          f"nothing changed (warm), and after a one-line change ({r['changed']}).", "",
+          "| gate | wall s | CPU s | wall / cold | CPU / cold | stages run | stages reused | verdict | same counts as "
+          "cold |", "|---|---|---|---|---|---|---|---|---|"]
+    for label, key in (("cold", "cold"), ("warm", "warm"), ("one-line change", "one_line")):
+        g = r[key]
+        wall, cpu = (f"{r[f'{key}_{of}_ratio']:.3f}" if r.get(f"{key}_{of}_ratio") is not None else
+                     "1" if key == "cold" else "-" for of in ("wall", "cpu"))
+        md.append(f"| {label} | {g['seconds']:.1f} | {g['cpu_s']:.1f} | {wall} | {cpu} | {len(g['ran'])} | "
+                  f"{len(g['reused'])} | {g['verdict']} | {'yes' if g['counts'] == r['cold']['counts'] else 'no'} |")
+    md += ["", f"Stages the one-line change ran: {', '.join(r['one_line']['ran']) or 'none'}.", "",
+           "FAIL_TO_PASS / PASS_TO_PASS / violations per commit (cold gate): " + "; ".join(
+               f"{name} " + ", ".join(f"{c[0]}: {c[1]}/{c[2]}/{c[3]}" for c in commits)
+               for name, commits in r["cold"]["counts"].items()) + ".", ""]
+    return md
 
 
 def profile_markdown(p: dict) -> list[str]:

@@ -24,6 +24,7 @@ MOST = 99  # repetitions beyond which "would decide it" is reported as "more tha
 PREPARE_SPEEDUP = 20.0
 COST = 1.05  # patched / base of a time: at most 5 % more
 GATE_OVER_F = 3.0
+WARM_GATE = 0.15  # a gate with nothing changed / a cold gate, wall and CPU: at most 15 % (issue 42)
 FLOWS_COST = 1.25  # make test with the pairwise flows / without them, in CPU time: at most a quarter more (issue 39)
 
 
@@ -98,10 +99,17 @@ def deepspeed_targets(ds: dict) -> list[dict]:
 
 
 def gate_targets(gate: dict) -> list[dict]:
-    """The target of a ``gate.bench_gate`` result: gate <= 3 F, per repetition."""
+    """The targets of a ``gate.bench_gate`` result: gate <= 3 F, per repetition; a warm gate (its stage results
+    reused) at most WARM_GATE of the cold one, in wall and in CPU time (each ratio must be on the good side)."""
     values = [r["gate"]["seconds"] / r["F_s"] for r in gate["runs"]]
-    return [row(f"the gate at most {GATE_OVER_F:g} F", f"{spread(values, 2)} F",
+    rows = [row(f"the gate at most {GATE_OVER_F:g} F", f"{spread(values, 2)} F",
                 decide(values, GATE_OVER_F, lower_is_better=True))]
+    reuse = gate.get("reuse")
+    if reuse:
+        warm = [v for v in (reuse["warm_wall_ratio"], reuse["warm_cpu_ratio"]) if v is not None]
+        rows.append(row(f"a gate with nothing changed at most {WARM_GATE:g} of a cold one (wall, CPU)",
+                        " and ".join(f"{v:.3f}" for v in warm), decide(warm, WARM_GATE, lower_is_better=True)))
+    return rows
 
 
 def flows_targets(flows: dict) -> list[dict]:

@@ -136,3 +136,36 @@ def test_the_bench_exits_1_on_a_missed_target_with_one_plain_verdict_line_last(t
     assert "**" not in result.stdout
     report = json.loads((tmp_path / "bench" / "report.json").read_text())
     assert report["verdict"] == last.removeprefix("bench: ")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 42: the gate cold, warm and after a one-line change to the last commit's patch.
+
+LAST_PATCH = ("Subject: [PATCH 2/2] b\n\ndiff --git a/tests/test_x.py b/tests/test_x.py\n@@ -1 +1,2 @@\n x\n"
+              "+# a comment of a test\ndiff --git a/tiny/core.py b/tiny/core.py\n@@ -1 +1,3 @@\n x = 1\n"
+              "+y = 2\n+# why y is 2\n")
+
+
+def test_the_one_line_change_is_a_comment_line_of_code_in_the_last_patch(tmp_path):
+    series = tmp_path / "patches" / "tiny"
+    series.mkdir(parents=True)
+    (series / "0001-a.patch").write_text("diff --git a/tiny/a.py b/tiny/a.py\n+# first\n")
+    (series / "0002-b.patch").write_text(LAST_PATCH)
+    changed = bench_gate.one_line_change(tmp_path / "patches", tmp_path / "edited")
+    assert changed == "tiny/0002-b.patch: a comment line of tiny/core.py"
+    before, after = LAST_PATCH.splitlines(), (tmp_path / "edited" / "tiny" / "0002-b.patch").read_text().splitlines()
+    assert [(b, a) for b, a in zip(before, after, strict=True) if b != a] == [
+        ("+# why y is 2", "+# why y is 2 (a one-line change of the bench)")]
+    assert (tmp_path / "patches" / "tiny" / "0002-b.patch").read_text() == LAST_PATCH, "the kit's series untouched"
+    (series / "0002-b.patch").write_text(LAST_PATCH.replace("+# why y is 2\n", ""))
+    with pytest.raises(bench_gate.BenchError):
+        bench_gate.one_line_change(tmp_path / "patches", tmp_path / "edited")
+
+
+@pytest.mark.parametrize("wall, cpu, verdict", [(0.05, 0.08, targets.MET), (0.3, 0.4, targets.NOT_MET)])
+def test_a_warm_gate_is_judged_against_the_cold_one(wall, cpu, verdict):
+    gate = {"runs": [{"gate": {"seconds": 300.0}, "F_s": 120.0}],
+            "reuse": {"warm_wall_ratio": wall, "warm_cpu_ratio": cpu}}
+    [_, warm] = targets.gate_targets(gate)
+    assert warm["goal"].startswith("a gate with nothing changed at most 0.15 of a cold one")
+    assert warm["verdict"] == verdict

@@ -1,4 +1,5 @@
-"""CI entry points run the README's commands: .ci/run and the GitHub Actions workflow (schema-checked)."""
+"""CI entry points run the README's commands: .ci/run and the GitHub Actions workflows (checked with actionlint); the
+matrix workflow fans the rows out from the list the matrix prints."""
 
 import re
 import subprocess
@@ -6,6 +7,8 @@ import subprocess
 from scripts.sources import KIT_ROOT
 
 WORKFLOW = KIT_ROOT / ".github" / "workflows" / "gate.yml"
+MATRIX_WORKFLOW = KIT_ROOT / ".github" / "workflows" / "matrix.yml"
+ACTIONLINT = KIT_ROOT / ".tools" / "bin" / "actionlint"
 
 
 def readme_commands() -> list[str]:
@@ -21,11 +24,24 @@ def test_ci_run_calls_the_readme_commands_then_the_gate():
 
 
 def test_workflow_is_valid_and_runs_the_readme_commands_and_the_gate():
-    result = subprocess.run([str(KIT_ROOT / ".tools" / "bin" / "check-jsonschema"), "--builtin-schema",
-                             "vendor.github-workflows", str(WORKFLOW)], capture_output=True, text=True)
+    result = subprocess.run([str(ACTIONLINT), str(WORKFLOW)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     text = WORKFLOW.read_text()
     runs = re.findall(r"^\s+run: (make \w+)", text, re.M)
     assert runs == [*readme_commands(), "make gate"]
     assert 'python-version: "3.11"' in text and "path: build/gate/" in text
     assert 'cat build/gate/report.md >> "$GITHUB_STEP_SUMMARY"' in text
+
+
+def test_the_matrix_workflow_fans_out_the_rows_the_matrix_lists_and_collects_their_records(tmp_path):
+    result = subprocess.run([str(ACTIONLINT), str(MATRIX_WORKFLOW)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = MATRIX_WORKFLOW.read_text()
+    assert 'echo "rows=$(python -m scripts.matrix --list-rows)" >> "$GITHUB_OUTPUT"' in text
+    assert "row: ${{ fromJSON(needs.rows.outputs.rows) }}" in text
+    assert 'make matrix ROW="${{ matrix.row }}"' in text and "python -m scripts.matrix --collect" in text
+    assert 'cat build/matrix/report.md >> "$GITHUB_STEP_SUMMARY"' in text
+    broken = tmp_path / "broken.yml"  # actionlint checks what a schema cannot: a job's outputs that do not exist
+    broken.write_text(text.replace("needs.rows.outputs.rows", "needs.rows.outputs.row_list"))
+    result = subprocess.run([str(ACTIONLINT), str(broken)], capture_output=True, text=True)
+    assert result.returncode != 0 and "row_list" in result.stdout, result.stdout

@@ -211,14 +211,15 @@ def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_
 
 
 def test_the_gate_report_and_the_pr_bodies_cite_the_table_of_the_series_they_judge(tmp_path):
-    from scripts import grading, pr
+    from scripts import pr
+    from scripts.gate import report
 
     counts = {"flows": 64, "release_exact": 33, "series_exact": 40, "regressions": 2, "unlisted_regressions": 0,
               "fixed": 9, "outcomes": {}}
     doc = {"upstreams": {"accelerate": {"series_id": "abc"}, "deepspeed": {"series_id": "def"}},
            "flows": {"accelerate": {"summary": counts, "selection": "every pair", "series_id": "abc"},
                      "deepspeed": {"summary": counts, "selection": "every pair", "series_id": "old"}}}
-    assert grading.flows_lines(doc) == [
+    assert report.flows_lines(doc) == [
         "- accelerate: the flow table (every pair): of 64 flows the release resumes 33 exactly, the series 40; "
         "regressions 2 (2 listed as known or accepted), fixed 9.",
         "- deepspeed: no flow table of this series is on record (`make flows`).", ""]

@@ -1,11 +1,12 @@
-"""scripts/grading.py without launching anything: JUnit in, verdicts and the report out."""
+"""scripts/gate/grading.py and report.py without launching anything: JUnit in, verdicts and the report out."""
 
 import json
 
 import pytest
 
-from scripts import grading, outdated
-from scripts.grading import Result
+from scripts import outdated
+from scripts.gate import grading, report
+from scripts.gate.grading import Result
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.tiny.test_kit" name="test_fixed" file="tests/tiny/test_kit.py" time="0.5">
@@ -68,7 +69,7 @@ META = {"wall_s": 12.5, "versions": {"python": "3.11.7", "torch": "2.13.0", "tor
 
 
 def test_report_gives_each_fail_to_pass_test_its_reason_and_the_summary_first():
-    doc, md, excerpts = grading.report([upstream()], META)
+    doc, md, excerpts = report.build([upstream()], META)
     tiny = doc["upstreams"]["tiny"]
     assert doc["verdict"] == tiny["verdict"] == "pass" and excerpts == {}
     assert tiny["FAIL_TO_PASS"] == [KIT, F2P] and tiny["PASS_TO_PASS"] == [GUARD]
@@ -95,7 +96,7 @@ def test_each_violation_links_to_its_log_excerpt():
     broken = upstream()
     step = broken.steps[0]
     step.after = {**step.after, GUARD: Result("failed", "AssertionError: guard broke", text="the traceback")}
-    doc, md, excerpts = grading.report([broken], META)
+    doc, md, excerpts = report.build([broken], META)
     row = doc["upstreams"]["tiny"]["tests"][GUARD]
     assert doc["verdict"] == "fail" and row["ok"] is False
     assert excerpts[row["excerpt"]].startswith(f"{GUARD}\nviolation: PASS_TO_PASS test failed after: ")
@@ -117,7 +118,7 @@ def test_violations(change, violation):
 def test_declared_fix_check_is_reported_with_its_reason_and_skipped_files():
     up = upstream(check="fix", reason="one import line of tests/test_data_loader.py differs",
                   skipped=["tests/test_data_loader.py"])
-    doc, md, _ = grading.report([up], META)
+    doc, md, _ = report.build([up], META)
     assert doc["upstreams"]["tiny"]["check"] == "fix"
     assert doc["upstreams"]["tiny"]["skipped_upstream_tests"] == ["tests/test_data_loader.py"]
     assert "**fix only** (one import line of tests/test_data_loader.py differs)" in md
@@ -146,7 +147,7 @@ def stack(after2: dict | None = None) -> grading.Upstream:
 
 
 def test_a_stack_is_judged_commit_by_commit_on_top_of_the_ones_before():
-    doc, md, _ = grading.report([stack()], META)
+    doc, md, _ = report.build([stack()], META)
     tiny = doc["upstreams"]["tiny"]
     assert doc["verdict"] == "pass", tiny["violations"]
     one, two = tiny["steps"]
@@ -161,7 +162,7 @@ def test_a_stack_is_judged_commit_by_commit_on_top_of_the_ones_before():
 
 
 def test_a_later_commit_that_breaks_an_earlier_test_fails_its_own_step_only():
-    doc, md, _ = grading.report([stack({F2P: Result("failed", "AssertionError: VALUE is 3")})], META)
+    doc, md, _ = report.build([stack({F2P: Result("failed", "AssertionError: VALUE is 3")})], META)
     one, two = doc["upstreams"]["tiny"]["steps"]
     assert one["verdict"] == "pass" and two["verdict"] == "fail"
     assert two["violations"] == [f"tiny 2/2 {F2P}: PASS_TO_PASS test failed after: AssertionError: VALUE is 3"]
@@ -182,10 +183,10 @@ def test_report_says_whether_each_base_is_the_newest_release_of_the_last_make_ou
         "1.0": "2026-01-01", "1.1": "2026-03-01"}}}}
     newer = {**META, "releases": {"tiny": outdated.release_status(record, "tiny", "1.0")}}
     assert ("tiny 1.0 is not the newest release: tiny 1.1 (2026-03-01) is newer, as of the last `make outdated` "
-            "(2026-12-03 10:00 UTC).") in grading.report([upstream()], newer)[1]
+            "(2026-12-03 10:00 UTC).") in report.build([upstream()], newer)[1]
     record["packages"]["tiny"]["newest"] = "1.0"
     current = {**META, "releases": {"tiny": outdated.release_status(record, "tiny", "1.0")}}
     assert "tiny 1.0 is the newest release, as of the last `make outdated` (2026-12-03 10:00 UTC)." in \
-        grading.report([upstream()], current)[1]
+        report.build([upstream()], current)[1]
     unknown = {**META, "releases": {"tiny": outdated.release_status(None, "tiny", "1.0")}}
-    assert "No `make outdated` is on record for tiny" in grading.report([upstream()], unknown)[1]
+    assert "No `make outdated` is on record for tiny" in report.build([upstream()], unknown)[1]

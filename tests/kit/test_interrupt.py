@@ -182,7 +182,7 @@ def test_an_interrupted_gate_leaves_no_report_that_claims_a_verdict(kit, tmp_pat
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "Verdict: **PASS**" in (out / "report.md").read_text()
     proc = subprocess.Popen([sys.executable, "-m", "scripts.runlock", "--name", "make gate", "--", sys.executable,
-                             "-m", "scripts.gate", *argv], cwd=KIT_ROOT,
+                             "-m", "scripts.gate", *argv, "--no-cache"], cwd=KIT_ROOT,  # its stages run, not reused
                             env={**outside_run(tmp_path), "TINY_MARK": str(mark)}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     wait_for(mark.exists, proc)

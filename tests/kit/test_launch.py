@@ -11,7 +11,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-from scripts import grading, launch
+from scripts import launch
+from scripts.gate import grading
 from scripts.sources import KIT_ROOT
 from tests.kit.patience import patient
 

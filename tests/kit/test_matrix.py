@@ -19,19 +19,53 @@ GATE = ('[tiny.gate]\nupstream_tests = ["tests/test_fixed.py"]\n'
         'fail_to_pass = ["tests/test_fixed.py::test_value_is_two"]\n')
 
 
-def run_matrix(kit, capsys) -> tuple[int, dict, str, str]:
-    """Run the matrix on the tiny kit; return (exit code, report.json, stdout, stderr)."""
+def write_kit(kit) -> None:
+    """The gate table and the kit suite of the tiny kit."""
     (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() + GATE)
     (kit.root / "suites" / "tiny").mkdir(parents=True)
     (kit.root / "suites" / "tiny" / "test_tiny_kit.py").write_text(
         KIT_SUITE.format(marker='@pytest.mark.regression("tiny", 1)', **GOOD))
+
+
+def matrix_main(kit, capsys, *options: str) -> tuple[int, str, str]:
+    """Run the matrix's command line on the tiny kit with ``options``; return (exit code, stdout, stderr)."""
     capsys.readouterr()
     code = matrix.main([f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
                         f"--patches={kit.root / 'patches'}", f"--suites={kit.root / 'suites'}",
                         f"--cache={kit.cache}", f"--out={kit.root / 'matrix'}", "--jobs=1",
-                        f"--pip-options=--no-index --find-links {kit.index} --no-build-isolation"])
+                        f"--pip-options=--no-index --find-links {kit.index} --no-build-isolation", *options])
     captured = capsys.readouterr()
-    return code, json.loads((kit.root / "matrix" / "report.json").read_text()), captured.out, captured.err
+    return code, captured.out, captured.err
+
+
+def run_matrix(kit, capsys) -> tuple[int, dict, str, str]:
+    """Run the matrix on the tiny kit; return (exit code, report.json, stdout, stderr)."""
+    write_kit(kit)
+    code, out, err = matrix_main(kit, capsys)
+    return code, json.loads((kit.root / "matrix" / "report.json").read_text()), out, err
+
+
+def test_one_row_writes_its_record_and_collect_makes_the_report(kit, capsys):
+    """make matrix ROW=<id> (one job of the workflow's strategy.matrix) gates one row and writes its record; the
+    collect job makes the report from the records; the row list is what --list-rows prints."""
+    make_series(kit, fix=True)
+    write_kit(kit)
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text()
+                                           + '[tiny.torch_axis]\nversions = ["9.9"]\n')
+    code, out, _ = matrix_main(kit, capsys, "--list-rows")
+    assert code == 0 and json.loads(out) == ["tiny-1.0", "tiny-1.0-torch-9.9"]
+    code, out, err = matrix_main(kit, capsys, "--row", "tiny-1.0")
+    assert code == 0, out + err
+    record = json.loads((kit.root / "matrix" / "tiny-1.0" / "row.json").read_text())
+    assert (record["gate"], record["meets"], record["FAIL_TO_PASS"]) == ("pass", True, 2)
+    assert not (kit.root / "matrix" / "report.json").exists()
+    code, out, err = matrix_main(kit, capsys, "--collect")
+    assert code == 1 and "matrix: tiny 1.0 with torch 9.9 does not meet its declaration" in err
+    report = json.loads((kit.root / "matrix" / "report.json").read_text())
+    assert [(r["dependency"], r["gate"]) for r in report["rows"]] == [("", "pass"), ("torch 9.9", "no record")]
+    assert "| tiny | 1.0 | - | kit | series | series | pass | 2 | 1 |" in out
+    code, _, err = matrix_main(kit, capsys, "--row", "tiny-2.0")
+    assert code == 1 and "ROW=tiny-2.0 is not a row of the matrix" in err
 
 
 def test_release_that_meets_its_declaration_passes_and_the_checkout_stays(kit, capsys):

@@ -152,6 +152,21 @@ def test_a_newer_release_is_found_named_and_recorded(pins, index, capsys):
     assert outdated.release_status(doc, "tiny", "1.0")["newer"] is True
 
 
+def test_torch_newer_than_the_matrix_torch_rows_is_named(pins, index, capsys):
+    """A torch axis (``[<name>.torch_axis]``, issue 42) gates 2.1 beside TORCH=torch==2.0: 2.2 is newer than both."""
+    publish_all(index, pins)
+    index.publish("torch", {v: [upload(f"torch-{v}-x.whl", packagetype="bdist_wheel", day=f"2026-0{n}-05")]
+                            for n, v in enumerate(("2.0", "2.1", "2.2"), start=1)})
+    (pins.root / "sources.toml").write_text((pins.root / "sources.toml").read_text()
+                                            + '[tiny.torch_axis]\nversions = ["2.1"]\n')
+    code, out, _ = run_outdated(pins, index.url, capsys)
+    assert code == outdated.NEWER
+    assert "2.2 (2026-03-05) is NEWER than TORCH=torch==2.0 and the matrix's torch rows (2.1): 2.2" in out, out
+    (pins.root / "sources.toml").write_text((pins.root / "sources.toml").read_text().replace('["2.1"]', '["2.2"]'))
+    code, out, _ = run_outdated(pins, index.url, capsys)
+    assert "is NEWER than TORCH=torch==2.0, in the matrix's torch rows (2.2)" in out, out
+
+
 def test_after_the_pin_and_the_default_every_pin_is_current(pins, index, capsys):
     tiny_sha = tiny_sdist(pins.root / "files", "1.1", "10")
     publish_all(index, pins, tiny_sha)

@@ -3,7 +3,7 @@ about what ran only from results on disk, and one body per commit of a stack hea
 
 The series adds ``tests/test_fixed.py::test_value_is_two`` (FAIL_TO_PASS) and ``test_value_is_int`` (a new
 guard); ``tests/test_tiny.py::test_value`` is an existing upstream test. The gate report is written by hand
-with the shape scripts/gate.py writes.
+with the shape scripts/gate/ writes.
 """
 
 import json

@@ -1,6 +1,6 @@
 """Issue 22, item 4: long runs say what they are doing, at most one line per period and none in a short run.
 
-The periods are shortened here (``--progress-every``, ``--say-every``, ``gate.PROGRESS_S``) so that the tests take
+The periods are shortened here (``--progress-every``, ``--say-every``, ``stages.PROGRESS_S``) so that the tests take
 seconds; the kit uses 30 s.
 """
 
@@ -11,6 +11,7 @@ import sys
 import time
 
 from scripts import gate, launch
+from scripts.gate import stages
 from scripts.sources import KIT_ROOT
 from tests.kit.test_gate import GOOD, make_series, write_kit
 from tests.kit.test_runlock import outside_run
@@ -61,18 +62,18 @@ def test_gate_prints_each_stage_progress_every_period(kit, capsys, monkeypatch):
     make_series(kit, fix=True)
     slow = {**GOOD, "guard": "assert tiny.VALUE in (1, 2)\n    __import__('time').sleep(2.5)"}
     argv = write_kit(kit, slow)
-    monkeypatch.setattr(gate, "PROGRESS_S", 1.0)
+    monkeypatch.setattr(stages, "PROGRESS_S", 1.0)
     capsys.readouterr()
     assert gate.main(argv) == 0
     out = capsys.readouterr().out
     assert "gate: stages before, after started" in out
     blocks = re.findall(r"^gate: \d+ s: the stages' tests done / collected\n  before: (.*)\n  after: (.*)$", out, re.M)
     assert blocks, out
-    stages = [stage for block in blocks for stage in block]
+    lines = [stage for block in blocks for stage in block]
     shape = (r"waiting|collecting|(\d+/\d+ tests done|finished: \d+ tests), (none failed|\d+ failed \(all "
              r"expected\))(, running \S+ for \d+ s)?")
-    assert all(re.fullmatch(shape, stage) for stage in stages), stages
-    assert any("running suites/tiny/test_tiny_kit.py::test_value_is_known for " in s for s in stages), stages
+    assert all(re.fullmatch(shape, stage) for stage in lines), lines
+    assert any("running suites/tiny/test_tiny_kit.py::test_value_is_known for " in s for s in lines), lines
     assert re.search(r"^gate before: 2 failed, 1 passed \(all expected\) in ", out, re.M), out
     assert re.search(r"^gate after: 3 passed in ", out, re.M), out
     assert "gate: judging the stages, writing the report and removing the stages' trees" in out
@@ -107,18 +108,18 @@ def test_runlock_says_what_a_quiet_command_does_every_period(tmp_path):
 def test_a_stage_of_a_stack_is_named_with_its_role_and_what_it_has_been_running(tmp_path):
     job = launch.Job(["true"], tmp_path / "stage-1" / "pytest.log", 60)
     role = "after deepspeed 1/3, before deepspeed 2/3, after accelerate"
-    assert gate.stage_progress(job, role, str) == f"stage-1 ({role}): waiting"
+    assert stages.stage_progress(job, role, str) == f"stage-1 ({role}): waiting"
     job.started = 1.0
     (tmp_path / "stage-1").mkdir()
-    assert gate.stage_progress(job, role, str) == f"stage-1 ({role}): collecting"
+    assert stages.stage_progress(job, role, str) == f"stage-1 ({role}): collecting"
     counts = {"done": 61, "total": 244, "failed": 13, "expected": 12, "running": ["tests/x.py::test_launch",
                                                                                  time.time() - 45]}
     (tmp_path / "stage-1" / "progress").write_text(json.dumps(counts))
-    assert gate.stage_progress(job, role, lambda key: f"renamed/{key}") == (
+    assert stages.stage_progress(job, role, lambda key: f"renamed/{key}") == (
         f"stage-1 ({role}): 61/244 tests done, 13 failed (1 failure NOT expected: see the log), running "
         "renamed/tests/x.py::test_launch for 45 s")
     (tmp_path / "stage-1" / "junit.xml").write_text("<testsuites/>")  # a stage whose pytest ended
-    assert gate.stage_progress(job, role, str) == (
+    assert stages.stage_progress(job, role, str) == (
         f"stage-1 ({role}): finished: 61 tests, 13 failed (1 failure NOT expected: see the log)")
 
 

@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from scripts import gate, grading, matrix, stack, worktree
+from scripts import gate, matrix, stack, worktree
+from scripts.gate import grading, report
 from tests.kit.test_gate import commit
 
 KIT_SUITE = '''import pytest
@@ -228,7 +229,7 @@ def test_a_gate_of_another_series_removes_the_pr_bodies_made_from_the_last_one(t
         (tmp_path / name / "1-fix.md").write_text("body")
         (tmp_path / name / ".series").write_text(made_from + "\n")
     (tmp_path / "other.md").write_text("a body of the one-file layout")
-    gate.remove_stale_bodies(doc, tmp_path)
+    report.remove_stale_bodies(doc, tmp_path)
     assert not (tmp_path / "tiny").exists() and not (tmp_path / "other.md").exists()
     assert "removed the PR bodies of tiny" in capsys.readouterr().out
     assert (tmp_path / "other" / "1-fix.md").exists()  # made from this series: kept

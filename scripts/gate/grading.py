@@ -1,8 +1,8 @@
-"""Grading of the gate: JUnit XML in, FAIL_TO_PASS / PASS_TO_PASS verdicts and the report out.
+"""Grading of the gate: JUnit XML in, FAIL_TO_PASS / PASS_TO_PASS verdicts out (report.py writes them).
 
 Pure functions of the stages' results, apart from reading a JUnit file: nothing here launches, checks out or
-writes anything (as SWE-bench's harness keeps ``grading.py`` apart from ``run_evaluation.py``); ``scripts/gate.py``
-runs the stages and writes what these functions return.
+writes anything (as SWE-bench's harness keeps ``grading.py`` apart from ``run_evaluation.py``); stages.py
+runs the stages and report.py writes the report of what these functions return.
 
 Contract (README, "The gate and its report"): a FAIL_TO_PASS test fails with an assertion before and passes
 after; every other test (PASS_TO_PASS) passes in both stages. An error, a skip (xfail included), or a test seen in
@@ -19,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scripts import KitError, plural
-from scripts.outdated import release_sentence
+from scripts import KitError
 
 STAGES = ("before", "after")
 # Exceptions that re-raise a child process's failure with its traceback in the message: torch.multiprocessing's,
@@ -164,7 +163,9 @@ class Upstream:
 
     ``steps``: one Step for a series judged as one block, one per commit for a stack. ``keys``: every regression key
     of a stack's commits. ``check``: ``series`` (the whole series) or ``fix`` (only its fix hunks; a release's
-    declaration); ``skipped``: upstream test files not run because their hunks do not apply (``fix`` only).
+    declaration); ``skipped``: upstream test files not run because their hunks do not apply (``fix`` only);
+    ``not_run``: {upstream test id: why}, the tests of its upstream test files that the gate deselects (``not_run`` of
+    ``[<name>.gate]``: a test that needs a GPU, say), reported, never judged.
     ``problems``: violations found outside the tests (a series that does not apply, a module imported from
     elsewhere). ``series_id``: scripts/stack.series_id of the patches judged. ``stages`` ({stage name: {"commit",
     "wall_s", "holds", ...}}), ``imports``: recorded as they are.
@@ -180,6 +181,7 @@ class Upstream:
     check: str = "series"
     reason: str = ""
     skipped: list = field(default_factory=list)
+    not_run: dict = field(default_factory=dict)
     problems: list = field(default_factory=list)
     stages: dict = field(default_factory=dict)
     imports: dict = field(default_factory=dict)
@@ -298,7 +300,7 @@ def summary_of(up: Upstream, judged: list, violations: list[str]) -> dict:
     "PASS_TO_PASS", "tests", "violations", "verdict"}), its FAIL_TO_PASS every commit's, its PASS_TO_PASS the last
     commit's guards, its ``tests`` the last commit's rows."""
     entry = {"version": up.version, "base": up.base, "series_id": up.series_id, "check": up.check, "reason": up.reason,
-             "skipped_upstream_tests": up.skipped, "stages": up.stages, "imports": up.imports}
+             "skipped_upstream_tests": up.skipped, "not_run": up.not_run, "stages": up.stages, "imports": up.imports}
     rows = judged[-1][0] if judged else {}
     if not up.stacked:
         return {**entry, **contract_lists(rows), "tests": rows, "violations": violations,
@@ -310,237 +312,3 @@ def summary_of(up: Upstream, judged: list, violations: list[str]) -> dict:
     return {**entry, "FAIL_TO_PASS": every, "PASS_TO_PASS": [k for k in contract_lists(rows)["PASS_TO_PASS"]
                                                              if k not in every],
             "tests": rows, "steps": steps, "violations": violations, "verdict": "fail" if violations else "pass"}
-
-
-def report(ups: list[Upstream], meta: dict) -> tuple[dict, str, dict[str, str]]:
-    """Judge every upstream; return (report.json document, report.md text, excerpts {path: text}).
-
-    ``meta``: {"wall_s", "versions": {"python", "torch", "torchdata", "numpy"}, "series": {"kit_commit",
-    "uncommitted": [paths]}, "jobs", "releases": {name: scripts/outdated.release_status}}, recorded as they are.
-    """
-    doc = {**meta, "python": meta.get("versions", {}).get("python", ""), "upstreams": {}}
-    excerpts = {}
-    for up in ups:
-        judged, violations, found = judge(up)
-        doc["upstreams"][up.name] = summary_of(up, judged, violations)
-        excerpts |= found
-    doc["verdict"] = "fail" if any(u["violations"] for u in doc["upstreams"].values()) else "pass"
-    return doc, markdown(doc), excerpts
-
-
-def cell(text: str, limit: int = 160) -> str:
-    """``text`` on one line for a Markdown table cell: pipes escaped, cut to ``limit`` characters."""
-    text = " ".join(text.split()).replace("|", "\\|")
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-STAGE_TEXT = {"series": ("the base {base} + only the series' test hunks", "the base + the series (`git am`)"),
-              "fix": ("the base {base} + the series' test files that apply", "that + the series' fix hunks (not its "
-                      "other test hunks)")}
-
-
-def tests_table(rows: dict, change: str) -> list[str]:
-    """Every test of a step, collapsed: FAIL_TO_PASS first, with the first line of its assertion message before."""
-    md = ["", f"<details><summary>All {len(rows)} tests: FAIL_TO_PASS first, with the first line of each one's "
-          f"assertion message before {change}</summary>", "",
-          "| test | contract | before | after | ok |", "|---|---|---|---|---|"]
-    for key, r in rows.items():
-        before_cell = f"{r['before']}: {cell(r['reason'])}" if r.get("reason") else r["before"]
-        ok = "yes" if r["ok"] else (f"[**no**]({r['excerpt']})" if "excerpt" in r else "**no**")
-        ok = "not a guard (failed after the commit before)" if r.get("carried") else ok
-        md.append(f"| `{key}` | {r['contract']} | {before_cell} | {r['after']} | {ok} |")
-    return md + ["", "</details>", ""]
-
-
-def violation_lines(violations: list[str], rows: dict, label: str) -> list[str]:
-    """The violations as a list, each linked to its test's log excerpt when it has one."""
-    links = {key: r["excerpt"] for key, r in rows.items() if "excerpt" in r}
-    md = ["", "Violations:", ""]
-    for violation in violations:
-        key = next((k for k in links if violation.startswith(f"{label} {k}: ")), None)
-        md.append(f"- {cell(violation, 300)}" + (f" ([log excerpt]({links[key]}))" if key else ""))
-    return md
-
-
-def imports_line(name: str, u: dict) -> list[str]:
-    """Where each stage imported the upstream's package from."""
-    if not u["imports"]:
-        return []
-    counts = "; ".join(f"{stage}: {seen.get('modules', 0)} modules in {seen.get('processes', 0)} processes"
-                       for stage, seen in u["imports"].items())
-    outside = [module for seen in u["imports"].values() for module in seen.get("outside", [])]
-    return [f"`{name}` imported ({counts}): " + ("every module from the stage's own work tree." if not outside
-            else "**also from outside it**: " + ", ".join(f"`{m}`" for m in outside[:5]))]
-
-
-def unexplained_line(u: dict) -> list[str]:
-    """A note naming the FAIL_TO_PASS tests whose failure before is a bare ``assert`` (unexplained)."""
-    found = unexplained(u)
-    if not found:
-        return []
-    return [f"{plural(len(found), 'FAIL_TO_PASS test')} {'fails' if len(found) == 1 else 'fail'} before with a bare "
-            "`assert` (pytest's rendering of the values, no sentence of the test's own saying what went wrong): "
-            + ", ".join(f"`{k}`" for k in found)]
-
-
-def series_line(name: str, u: dict) -> str:
-    """The id of the series judged, and where it is recorded after a check against the default branch."""
-    return (f"Series id `{u.get('series_id', '')}`: after checking this series against {name}'s default branch, "
-            f"record it as `series` in `[{name}.default_branch]` of `upstream/sources.toml` (`make pr` calls a check "
-            "of another series stale).")
-
-
-def upstream_markdown(name: str, u: dict) -> list[str]:
-    """The section of one upstream: stages, imports, violations, then every test collapsed (a stack: a section
-    per commit after the upstream's own lines)."""
-    if "steps" in u:
-        return stack_markdown(name, u)
-    before, after = STAGE_TEXT[u["check"]]
-    stages = u["stages"]
-    names = list(stages) or ["before", "after"]
-    md = [f"## {name} {u['version']}", ""]
-    commits = {role: stages.get(s, {}).get("commit", "")[:12] or "-"
-               for role, s in zip(("before", "after"), names, strict=False)}
-    md += [series_line(name, u), ""]
-    md.append(f"before = `{commits['before']}`: {before.format(base='`' + u['base'][:12] + '`')}; after = "
-              f"`{commits['after']}`: {after}. Each stage ran in its own work tree with the tree first on "
-              f"`PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests `upstream/{name}/...` (their path in "
-              "the upstream's tree).")
-    if u["check"] == "fix":
-        md += ["", f"Declared check for this release: **fix only** ({u['reason'] or 'no reason given'})."]
-        if u["skipped_upstream_tests"]:
-            md.append("Upstream test files skipped (their hunks do not apply): "
-                      + ", ".join(f"`{path}`" for path in u["skipped_upstream_tests"]) + ".")
-    md += ["", *imports_line(name, u), *unexplained_line(u)]
-    if u["violations"]:
-        md += violation_lines(u["violations"], u["tests"], name)
-    return md + tests_table(u["tests"], "the series")
-
-
-def stack_markdown(name: str, u: dict) -> list[str]:
-    """The section of a stack: its stages and imports, the violations outside any commit, then one section per
-    commit (subject, stages, its FAIL_TO_PASS with the first assertion line before, the guards it kept green)."""
-    stages, n = u["stages"], len(u["steps"])
-    md = [f"## {name} {u['version']}: a stack of {n} commits", "", series_line(name, u), "",
-          f"Commit k is judged on *before k* = the base `{u['base'][:12]}` + commits 1..k-1 + only commit k's test "
-          "hunks, and *after k* = the base + commits 1..k (`git am`): its FAIL_TO_PASS tests (its declared upstream "
-          "tests and the kit's tests marked with its key) fail with an assertion before and pass after; every other "
-          "test of both stages (the earlier commits' included) passes in both. Each stage ran in its own work tree "
-          f"with the tree first on `PYTHONPATH`; kit tests are `tests/{name}/...`, upstream tests "
-          f"`upstream/{name}/...`.",
-          "", *imports_line(name, u), *unexplained_line(u)]
-    own = {v for step in u["steps"] for v in step["violations"]}
-    outside = [v for v in u["violations"] if v not in own]
-    if outside:
-        md += violation_lines(outside, {}, name)
-    for step in u["steps"]:
-        k, rows = step["commit"], step["tests"]
-        label = f"{name} {k}/{n}"
-        f2p = [key for key in step["FAIL_TO_PASS"]]
-        guards = step["PASS_TO_PASS"]
-        earlier = [key for key in guards if any(key in s["FAIL_TO_PASS"] for s in u["steps"][:k - 1])]
-        commit = {role: stages.get(step["stages"][role], {}).get("commit", "")[:12] or "-" for role in ("before",
-                                                                                                         "after")}
-        md += ["", f"### {k}/{n}: {step['subject']} ({'**FAIL**' if step['violations'] else 'pass'})", "",
-               f"`{step['patch']}`, key `{step['key']}`. before {k} = stage `{step['stages']['before']}` "
-               f"(`{commit['before']}`), after {k} = stage `{step['stages']['after']}` (`{commit['after']}`).", "",
-               f"FAIL_TO_PASS ({len(f2p)}), with the first line of each one's assertion message before commit {k}:",
-               ""]
-        md += [f"- `{key}`: {cell(rows[key].get('reason', rows[key]['before']), 300)}" for key in f2p]
-        carried = [key for key in guards if rows[key].get("carried")]
-        guards = [key for key in guards if key not in carried]
-        kept = sum(rows[key]["ok"] for key in guards)
-        md += ["", f"Guards kept green (PASS_TO_PASS): {kept} of {len(guards)}"
-               + (f", {len(earlier)} of them the FAIL_TO_PASS tests of commits 1..{k - 1}." if k > 1 else ".")]
-        if carried:
-            md.append(f"Not guards here: {len(carried)} tests that did not pass after commit {k - 1} (its section "
-                      "says why): " + ", ".join(f"`{key}`" for key in carried[:5])
-                      + ("..." if len(carried) > 5 else ""))
-        if step["violations"]:
-            md += violation_lines(step["violations"], rows, label)
-        md += tests_table(rows, f"commit {k}")
-    return md
-
-
-def stages_markdown(doc: dict) -> list[str]:
-    """The stages once: what each held per upstream, its wall time, and links to its pytest log and JUnit XML."""
-    holds: dict[str, list[str]] = {}
-    for name, u in doc["upstreams"].items():
-        for stage, entry in u["stages"].items():
-            shared = f" (kit suite: the results of {entry['kit_results_of']})" if "kit_results_of" in entry else ""
-            holds.setdefault(stage, []).append(f"{name}: {entry.get('holds', '')}{shared}")
-    if not holds:
-        return []
-    md = ["| stage | holds | wall (s) | CPU (s) | log | JUnit |", "|---|---|---|---|---|---|"]
-    for stage, lines in holds.items():
-        entry = next(u["stages"][stage] for u in doc["upstreams"].values() if stage in u["stages"])
-        md.append(f"| {stage} | {'; '.join(lines)} | {entry.get('wall_s', '-')} | {entry.get('cpu_s') or '-'} "
-                  f"| [pytest.log]({stage}/pytest.log) "
-                  f"| [junit.xml]({stage}/junit.xml) |")
-    return [*md, ""]
-
-
-def releases_lines(doc: dict) -> list[str]:
-    """Whether each base is the newest release, from the last ``make outdated`` (``doc["releases"]``, issue 30)."""
-    releases = doc.get("releases", {})
-    sentences = [release_sentence(name, u["version"], releases[name]) for name, u in doc["upstreams"].items()
-                 if name in releases]
-    return [" ".join(sentences), ""] if sentences else []
-
-
-def markdown(doc: dict) -> str:
-    """The report.md of a report.json document: the summary (a row per upstream, per commit of a stack), the
-    stages, then each upstream's section."""
-    versions = ", ".join(f"{k} {v}" for k, v in doc.get("versions", {}).items())
-    series = doc.get("series", {})
-    uncommitted = series.get("uncommitted") or []
-    md = ["# Gate report", "",
-          f"Verdict: **{doc['verdict'].upper()}** (wall time {doc.get('wall_s', '-')} s; environment: {versions}).",
-          "",
-          "The series judged are the files of `patches/<name>/` in the kit (commit "
-          f"`{series.get('kit_commit', '')[:12] or 'unknown'}`"
-          + (f", with uncommitted changes to {', '.join(f'`{p}`' for p in uncommitted)}" if uncommitted else "")
-          + "), whatever the checkouts under `upstream/` hold: the gate does not use or change them.", "",
-          *releases_lines(doc),
-          "| upstream | version | base | check | FAIL_TO_PASS | PASS_TO_PASS | violations | verdict |",
-          "|---|---|---|---|---|---|---|---|"]
-    for name, u in doc["upstreams"].items():
-        rows = [(s, f"{name} {s['commit']}/{s['of']}") for s in u.get("steps", [])] or [(u, name)]
-        outside = [v for v in u["violations"] if not any(v in s["violations"] for s in u.get("steps", [u]))]
-        if outside:  # of a stack: a series that does not apply, a module imported from elsewhere, a stray key
-            rows.append(({"FAIL_TO_PASS": [], "PASS_TO_PASS": [], "violations": outside}, f"{name} (the stack)"))
-        for row, what in rows:
-            md.append(f"| {what} | {u['version']} | `{u['base'][:12]}` | {u['check']} | {len(row['FAIL_TO_PASS'])} | "
-                      f"{len(row['PASS_TO_PASS'])} | {len(row['violations'])} | "
-                      f"{'**FAIL**' if row['violations'] else 'pass'} |")
-    md += ["", *flows_lines(doc), *stages_markdown(doc)]
-    for name, u in doc["upstreams"].items():
-        md += upstream_markdown(name, u)
-    return "\n".join(md) + "\n"
-
-
-def flows_lines(doc: dict) -> list[str]:
-    """The flow table's summary per upstream (``doc["flows"]``: the last ``make flows`` report's ``summary``,
-    ``selection`` and ``series_id`` per upstream), when it ran the series judged here; else that none is on record."""
-    md = []
-    for name, u in doc["upstreams"].items():
-        flows = (doc.get("flows") or {}).get(name)
-        if not flows or flows.get("series_id") != u.get("series_id") or flows.get("uncommitted"):
-            md.append(f"- {name}: no flow table of this series is on record (`make flows`).")
-            continue
-        c = flows["summary"]
-        md.append(f"- {name}: the flow table ({flows['selection']}): of {c['flows']} flows the release resumes "
-                  f"{c['release_exact']} exactly, the series {c['series_exact']}; regressions {c['regressions']} "
-                  f"({c['regressions'] - c['unlisted_regressions']} listed as known or accepted), fixed {c['fixed']}.")
-    return [*md, ""] if md else []
-
-
-def unfinished_markdown(why: str, wall_s: float, logs: list[str]) -> str:
-    """The report.md of a gate run that ended without a verdict: ``why`` (interrupted, or the error), after
-    ``wall_s`` seconds; ``logs``: the stages' logs it left (paths relative to the report)."""
-    kept = (" What this run's stages logged before it ended: " + ", ".join(f"[{path}]({path})" for path in logs) + "."
-            if logs else "")
-    return ("# Gate report\n\n"
-            f"Verdict: **none**: this run ended after {wall_s} s without judging the series ({cell(why, 300)}). The "
-            "previous run's report was removed with its evidence (stage logs, JUnit XML, excerpts) when this run "
-            f"started.{kept} Run `make gate` again for a verdict.\n")

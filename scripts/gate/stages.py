@@ -1,40 +1,7 @@
-"""The gate: the suite on the base plus the series' test hunks ("before") and on the full series ("after").
+"""Running the gate's stages: the upstreams to gate, their stage plan, the stages' trees, one pytest process per stage
+index, its progress lines, and the per-upstream records that grading.py judges (``graded``).
 
-``python -m scripts.gate [--version NAME=VERSION]... [--only NAME] [--out DIR] [--jobs N]`` (``make gate``).
-
-Each stage of each upstream runs in its own tree (a shared clone) of the checkout ``upstream/<name>`` under
-``<out>/trees/<stage>/<name>`` (scripts/worktree.py): before = ``base/<version>`` + only the series' hunks under
-the upstream's ``test_paths`` (and the launched scripts), committed; after = ``base/<version>`` + the series with
-``git am --3way``. The checkouts, their branches and tags are never written: the gate judges the files of
-``patches/<name>/`` in the kit, whatever the checkouts hold. A release may declare ``check = "fix"`` (with a
-one-line ``reason``) in ``[<name>.releases."<version>"]`` of upstream/sources.toml: then before = the base + the
-series' test files whose hunks apply there, after = that + the series' other hunks, and the upstream test files
-whose hunks do not apply are skipped and listed (issue 13).
-
-A series of several commits (``[[<name>.gate.commits]]``, scripts/stack.py) is judged commit by commit: commit k on
-*before k* = the base + commits 1..k-1 + only its test hunks and *after k* = the base + commits 1..k; the stages are
-planned by scripts/stack.plan (after k shared with before k+1 when commit k+1 only adds test files) and named
-``stage-0``, ``stage-1``, ... (every upstream's i-th stage runs in the i-th pytest process). A stack whose tables do
-not match its patches, or whose commit's test hunks do not apply to the commits before it, is refused in one line
-before anything is written.
-
-A stage is one pytest process (``sys.executable``, so another venv can run the gate) over every upstream's kit
-suite ``tests/<name>/`` (run once per code: a stage whose tree holds the same files as an earlier stage's outside the
-test paths and launched scripts collects it but deselects it, and reads that stage's results, ``kit_stages``), its
-``upstream_tests`` and its ``launch`` scripts (scripts/pytest_launch.py), with the stage's trees first on
-``PYTHONPATH``, its own temporary directories and JUnit XML; the stages run side by side, at most ``--jobs`` at once
-(default: the CPU count; ``GATE_JOBS`` in the Makefile), each through scripts/launch.py (timeout, stack dumps,
-nothing left running). Every Python process of a stage records where it imported the
-upstreams from (scripts/launch_site/sitecustomize.py); a module from outside the stage's tree is a violation.
-scripts/grading.py judges FAIL_TO_PASS / PASS_TO_PASS and writes the report: ``<out>/report.{json,md}``, a log
-excerpt per violating test in ``<out>/excerpts/``, the stack dumps of timed-out launches in ``<out>/stacks/``, and
-per stage ``<out>/<stage>/pytest.log`` and ``junit.xml``. A run that starts removes the previous run's report with its
-evidence; one that ends without a verdict (Ctrl-C, an error) writes a ``report.md`` that says so, and no
-``report.json``. The trees and the stages' temporary files are removed at the end and on Ctrl-C; those
-of a run that was killed are removed by the next; while the stages run, one line every PROGRESS_S seconds says how
-far each got (scripts/pytest_progress.py): its role (before / after commit k), its tests done, whether its failures are
-the expected ones (the FAIL_TO_PASS tests before their fix), and a test it has been running for PROGRESS_S or more;
-then the judging says what it does too. Exit status: 0 with no violation, 1 otherwise, 130 on Ctrl-C.
+The package's docstring (scripts/gate/__init__.py) says what a stage holds and runs.
 """
 
 import argparse
@@ -42,7 +9,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import sys
@@ -51,32 +17,25 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from scripts import (
-    ArgumentParser,
     KitError,
-    grading,
     launch,
-    outdated,
     plural,
-    runlock,
     series,
     sources,
     stack,
     worktree,
 )
 from scripts.checkout import BASE_ENV
+from scripts.gate import cache, grading
 from scripts.git import git, rev
 
 STAGE_TIMEOUT = 1800.0  # seconds of one stage's pytest process
 LAUNCH_TIMEOUT = 300.0  # seconds of one launched upstream script
 PROGRESS_S = 30.0  # seconds between two progress lines while the stages run (issue 22)
 CHECKS = ("series", "fix")
-ENVIRONMENT = ("torch", "torchdata", "numpy")  # versions recorded beside Python's
-DEFAULT_OUT = sources.KIT_ROOT / "build" / "gate"  # where make gate reports; make pr writes beside it (build/pr/)
-REPORTS = ("report.json", "report.md")
 
 
 @dataclass
@@ -94,6 +53,7 @@ class Upstream:
     commits: list
     check: str = "series"
     reason: str = ""
+    not_run: dict = field(default_factory=dict)
     stages: list = field(default_factory=list)
     steps: list = field(default_factory=list)
     names: list = field(default_factory=list)
@@ -148,8 +108,12 @@ def load_upstreams(args: argparse.Namespace) -> list[Upstream]:
         if check == "fix" and len(commits) > 1:
             raise KitError(f"[{name}.releases.\"{pin.version}\"] check = \"fix\" is for a series of one commit; "
                            f"{name}'s has {len(commits)}")
+        not_run = gate.get("not_run", {})
+        if not isinstance(not_run, dict) or not all(isinstance(why, str) and why for why in not_run.values()):
+            raise KitError(f"[{name}.gate] not_run must be a table of upstream test ids and one-line reasons, e.g. "
+                           '{ "tests/test_x.py::Class::test" = "needs a GPU" }')
         up = Upstream(pin, repo, args.patches / name, list(gate.get("upstream_tests", [])), launches, commits, check,
-                      release.get("reason", ""))
+                      release.get("reason", ""), dict(not_run))
         if commits:
             up.stages, up.steps = stack.plan(commits, scope)
         else:
@@ -333,10 +297,10 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
         paths.append(str(suites / up.pin.name))
         if up.kit_stages.get(stage, stage) != stage:
             deselect.append(f"--deselect={os.path.relpath(suites / up.pin.name, root)}/")
-        tree = up.trees[stage]
-        paths += [str(tree / test) for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()]
-        launches += ["--launch=" + json.dumps(in_tree(entry, tree)) for entry in up.launches
-                     if sources.launched_file(entry) not in up.skipped and sources.launched_in(entry, tree)]
+        tests, entries = stage_tests(up, stage)
+        deselect += [f"--deselect={os.path.relpath(up.trees[stage], root)}/{test}" for test in up.not_run]
+        paths += [str(up.trees[stage] / test) for test in tests]
+        launches += ["--launch=" + json.dumps(in_tree(entry, up.trees[stage])) for entry in entries]
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:unraisableexception", "-p", "no:anyio",
             "-o", "junit_family=xunit1",
             f"--junitxml={stage_dir / 'junit.xml'}", f"--basetemp={stage_dir / 'tmp' / 'pytest'}", "-q", "-rfEs",
@@ -344,6 +308,15 @@ def stage_command(ups: list[Upstream], stage: str, stage_dir: Path, root: Path, 
             "-p", "scripts.pytest_progress", f"--progress-file={stage_dir / 'progress'}",
             f"--progress-expect={stage_dir / 'expected.json'}",
             f"--launch-timeout={LAUNCH_TIMEOUT}", f"--rootdir={root}", *deselect, *launches, *paths]
+
+
+def stage_tests(up: Upstream, stage: str) -> tuple[list[str], list[dict]]:
+    """(the upstream test files, the ``launch`` entries) that ``up``'s ``stage`` runs: those its tree holds (a
+    stack's later commits add some), less the skipped files of a ``check = "fix"`` release."""
+    tree = up.trees[stage]
+    return ([test for test in up.upstream_tests if test not in up.skipped and (tree / test).exists()],
+            [entry for entry in up.launches
+             if sources.launched_file(entry) not in up.skipped and sources.launched_in(entry, tree)])
 
 
 def in_tree(entry: dict, tree: Path) -> dict:
@@ -376,12 +349,14 @@ def check_imports(up: Upstream, stage: str, records: list[dict]) -> dict:
     ``records`` are the sitecustomize records of the stage. ``outside`` lists the module files outside the stage's
     tree (each a violation); a stage where no process imported the package is a violation too.
     """
-    tree, processes, modules, outside = up.trees[stage].resolve(), 0, set(), set()
+    tree, processes, files = up.trees[stage].resolve(), 0, set()
     for record in records:
-        files = [f for name, f in record["modules"].items() if f and name.partition(".")[0] == up.package]
-        processes += bool(files)
-        for file in files:
-            (modules if Path(file).resolve().is_relative_to(tree) else outside).add(file)
+        found = {f for name, f in record["modules"].items() if f and name.partition(".")[0] == up.package}
+        processes += bool(found)
+        files |= found
+    # Every process imports much the same modules: each file is resolved once (the judging took 150 s without it).
+    outside = {file for file in files if not Path(file).resolve().is_relative_to(tree)}
+    modules = files - outside
     if outside:
         up.problems.append(f"{up.pin.name} {stage}: {len(outside)} modules imported from outside the stage's tree, "
                            f"e.g. {sorted(outside)[0]}")
@@ -517,87 +492,128 @@ def progress_lines(describe, every: float):
         stop.set()
 
 
-def run_stages(ups: list[Upstream], args: argparse.Namespace) -> dict[str, dict]:
-    """Run the stages side by side (at most ``args.jobs`` at once), each over the upstreams that have it; return
-    {stage: {"launch", "results", "records"}} with the JUnit results renamed for the report. A stage that times out
-    is killed after its stacks are written to its log, and recorded as a problem of its upstreams. Raises KitError
-    when a stage that ended wrote no JUnit XML."""
+def stage_inputs(up: Upstream, stage: str, args: argparse.Namespace, shared: dict) -> dict:
+    """What the ``stage`` of ``up`` runs, as cache.py keys it: ``shared`` (the environment and the gate's code, the
+    same for every stage of a run), the stage's tree id and path, the kit's suite and whether the stage runs it, the
+    upstream tests and launch entries it runs (those its tree holds)."""
+    tests, entries = stage_tests(up, stage)
+    return {**shared, "upstream": up.pin.name, "tree": up.tree_ids[stage], "path": str(up.trees[stage]),
+            "suite": cache.suite_digest(args.suites.resolve(), up.pin.name),
+            "kit_suite": "runs" if up.kit_stages.get(stage, stage) == stage else "read from an earlier stage",
+            "upstream_tests": tests, "launches": entries, "not_run": sorted(up.not_run),
+            "timeouts": [args.timeout, LAUNCH_TIMEOUT]}
+
+
+def reusable(up: Upstream, stage: str, args: argparse.Namespace, shared: dict) -> tuple[str, dict | None]:
+    """(the key of ``up``'s ``stage``, its stored entry or None: the stage runs). With ``args.cache`` off, no entry
+    is read."""
+    stage_key = cache.key(stage_inputs(up, stage, args, shared))
+    return stage_key, cache.load(args.cache_dir, stage_key) if args.cache else None
+
+
+def run_stages(ups: list[Upstream], args: argparse.Namespace, run_id: str) -> dict[str, dict[str, dict]]:
+    """Run the stages side by side (at most ``args.jobs`` at once), each over the upstreams that have it and whose
+    stored results (cache.py) cannot be reused; return {upstream: {stage: {"launch", "results", "records",
+    "reused", "key", "log"}}} with the JUnit results renamed for the report (``reused``: the id of the run that made
+    a reused result, '' for a stage run now, whose results are stored under ``run_id``). A stage that times out is
+    killed after its stacks are written to its log, and recorded as a problem of its upstreams. Raises KitError when
+    a stage that ended wrote no JUnit XML."""
     root = args.suites.resolve().parent
-    jobs, stages, roles = [], stage_names(ups), stage_roles(ups)
-    for stage in stages:
+    shared = {"environment": cache.environment_inputs(), "gate": cache.gate_code_digest()}
+    done: dict[str, dict[str, dict]] = {up.pin.name: {} for up in ups}
+    keys = {}
+    for up in ups:
+        for stage in up.names:
+            keys[up.pin.name, stage], entry = reusable(up, stage, args, shared)
+            if entry:
+                done[up.pin.name][stage] = {**entry, "reused": entry["run"], "key": keys[up.pin.name, stage],
+                                            "launch": launch.Launch(**entry["launch"], log=entry["log"])}
+    jobs, stages, roles = [], [], stage_roles(ups)
+    for stage in stage_names(ups):
+        mine = [up for up in ups if stage in up.trees and stage not in done[up.pin.name]]
+        reused = [f"{up.pin.name} reused (run {done[up.pin.name][stage]['reused']})" for up in ups
+                  if stage in done[up.pin.name]]
+        if reused:
+            print(f"gate {stage}: {', '.join(reused)}", flush=True)
+        if not mine:
+            continue
         stage_dir = (args.out / stage).resolve()
         (stage_dir / "tmp").mkdir(parents=True)
         (stage_dir / "imports").mkdir()
-        mine = [up for up in ups if stage in up.trees]
         (stage_dir / "expected.json").write_text(json.dumps(expected_failures(mine, stage, root)))
         command = stage_command(mine, stage, stage_dir, root, args.suites.resolve())
+        stages.append((stage, mine))
         jobs.append(launch.Job(command, stage_dir / "pytest.log", args.timeout, cwd=sources.KIT_ROOT,
                                env=stage_env(mine, stage, stage_dir)))
-    print(f"gate: stages {', '.join(stages)} started (at most {args.jobs} at once; logs in "
+    if not jobs:
+        print("gate: every stage's results are reused (GATE_CACHE=0 runs them all)", flush=True)
+        return done
+    print(f"gate: stages {', '.join(stage for stage, _ in stages)} started (at most {args.jobs} at once; logs in "
           f"{os.path.relpath(args.out)}/<stage>/pytest.log)", flush=True)
-    for stage in stages:
+    for stage, _ in stages:
         if stage not in grading.STAGES:
             print(f"  {stage}: {roles.get(stage, '')}", flush=True)
     print("  (a stage before a commit fails that commit's FAIL_TO_PASS tests on purpose: the progress says whether "
           "its failures are those)", flush=True)
-    renames = {stage: renamer([up for up in ups if stage in up.trees], stage, root) for stage in stages}
+    renames = {stage: renamer(mine, stage, root) for stage, mine in stages}
+
     def describe() -> list[str]:
         return ["the stages' tests done / collected", *(stage_progress(job, roles.get(stage, ""), renames[stage])
-                                                        for stage, job in zip(stages, jobs, strict=True))]
+                                                        for (stage, _), job in zip(stages, jobs, strict=True))]
 
     with progress_lines(describe, PROGRESS_S):
         launches = launch.run_all(jobs, args.jobs)
-    done = {}
-    for stage, job, result in zip(stages, jobs, launches, strict=True):
+    for (stage, mine), job, result in zip(stages, jobs, launches, strict=True):
         stage_dir, results = job.log.parent, {}
-        mine = [up for up in ups if stage in up.trees]
         if result.timed_out:  # every test of the stage is then missing: violations, and the report says why
             for up in mine:
                 up.problems.append(f"{up.pin.name}: the {stage} stage timed out after {args.timeout:.0f} s and was "
                                    f"killed; the stacks of its processes are in stacks/{stage}-pytest.log")
         else:
             results = grading.read_junit(stage_dir / "junit.xml", renamer(mine, stage, root))
-        done[stage] = {"launch": result, "results": results, "records": read_records(stage_dir / "imports")}
+        records = read_records(stage_dir / "imports")
+        for up in mine:
+            done[up.pin.name][stage] = {"launch": result, "results": results, "records": records, "reused": "",
+                                        "key": keys[up.pin.name, stage], "log": job.log}
         outcomes = Counter(r.outcome for r in results.values())
         print(f"gate {stage}: {stage_summary(stage_dir, outcomes)} in {result.seconds} s, {result.cpu_s} s of CPU "
               f"(log: {os.path.relpath(job.log)})", flush=True)
+        if storable(stage_dir, result):
+            for up in mine:
+                store(up, done[up.pin.name][stage], args, run_id)
     return done
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The report.
+def storable(stage_dir: Path, result: launch.Launch) -> bool:
+    """Whether a stage that ran may be stored for reuse: pytest ended (exit 0, or 1 for failed tests) within its
+    timeout, and its failures were all the expected ones (its ``--progress-file``); else it runs again next time."""
+    try:
+        counts = json.loads((stage_dir / "progress").read_text())
+    except (OSError, ValueError):
+        return False
+    return result.returncode in (0, 1) and counts.get("failed") == counts.get("expected")
 
 
-def flows_records(folder: Path = sources.KIT_ROOT / "build" / "flows") -> dict:
-    """{name: the ``summary``, ``selection`` and ``series_id`` of the last ``make flows`` report of each upstream}
-    (an unreadable or missing report: left out); the report cites them when they are of the series it judges."""
-    found = {}
-    for path in sorted(folder.glob("*.json")):
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            doc = json.loads(path.read_text())
-            keys = ("summary", "selection", "series_id", "uncommitted")
-            found[doc["upstream"]] = {key: doc.get(key) for key in keys}
-    return found
+def prefixes(up: Upstream, root: Path, suites: Path) -> tuple[str, str]:
+    """(the report's prefix of ``up``'s kit tests, e.g. ``tests/deepspeed/``, that of its upstream tests,
+    ``upstream/deepspeed/``): a stage's results of ``up`` are the tests whose ids start with one of them."""
+    return f"{os.path.relpath(suites / up.pin.name, root)}/", f"upstream/{up.pin.name}/"
 
 
-def environment() -> dict:
-    """Versions of Python and of ENVIRONMENT in the interpreter that ran the stages (this one)."""
-    versions = {"python": platform.python_version()}
-    for name in ENVIRONMENT:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return versions
-
-
-def series_source(patches: Path) -> dict:
-    """The kit commit the series come from and the files of ``patches`` that differ from it ({} outside git)."""
-    head = git(patches, "rev-parse", "HEAD", check=False)
-    if head.returncode != 0:
-        return {}
-    status = git(patches, "status", "--porcelain", "--", ".", check=False).stdout.splitlines()
-    return {"kit_commit": head.stdout.strip(), "uncommitted": [line[3:] for line in status]}
+def store(up: Upstream, ran: dict, args: argparse.Namespace, run_id: str) -> None:
+    """Store what ``up``'s stage ``ran`` (an entry of run_stages) under its key in the cache: its own results (its
+    kit suite and upstream tests), the import records and the launch's figures. A disk that refuses costs the reuse,
+    with one line, not the run."""
+    own = prefixes(up, args.suites.resolve().parent, args.suites.resolve())
+    launched = ran["launch"]
+    entry = {"run": run_id, "upstream": up.pin.name, "records": ran["records"],
+             "results": {test: r for test, r in ran["results"].items() if test.startswith(own)},
+             "launch": {"returncode": launched.returncode, "seconds": launched.seconds, "cpu_s": launched.cpu_s}}
+    try:
+        cache.store(args.cache_dir, ran["key"], entry, launched.log)
+    except OSError as e:
+        print(f"gate: could not keep the results of {up.pin.name}'s stage for reuse ({e}); it runs again next time",
+              flush=True)
 
 
 def seconds(results) -> float:
@@ -615,14 +631,14 @@ def holds(up: Upstream, stage: stack.Stage) -> str:
     return text + (f" + the test hunks of commit {stage.tests_of}" if stage.tests_of else "")
 
 
-def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstream:
-    """The grading record of ``up``: each step's results of its before and after stages, declared ids, imports,
-    times."""
-    kit_prefix = f"{os.path.relpath(suites / up.pin.name, root)}/"
-    upstream_prefix = f"upstream/{up.pin.name}/"
+def graded(up: Upstream, done: dict, root: Path, suites: Path, out: Path) -> grading.Upstream:
+    """The grading record of ``up`` from ``done``, its stages' entries of ``run_stages``: each step's results of its
+    before and after stages, declared ids, imports, times, and per stage whether it ran or was reused (from which run,
+    under which key), with its log and results (``out/<stage>/`` when it ran, the cache entry when reused)."""
+    kit_prefix, upstream_prefix = prefixes(up, root, suites)
     g = grading.Upstream(up.pin.name, up.pin.version, rev(up.repo, f"base/{up.pin.version}"), check=up.check,
                          reason=up.reason, skipped=up.skipped, upstream_tests=bool(up.upstream_tests or up.launches),
-                         series_id=stack.series_id(series.patch_files(up.patch_dir)))
+                         series_id=stack.series_id(series.patch_files(up.patch_dir)), not_run=up.not_run)
     stacked = len(up.commits) > 1
     g.keys = {commit.key for commit in up.commits} if stacked else set()
     results, shared = {}, []
@@ -637,8 +653,13 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
         results[name] = {**kit, **mine}
         g.imports[name] = check_imports(up, name, done[name]["records"])
         g.stages[name] |= {"wall_s": done[name]["launch"].seconds, "cpu_s": done[name]["launch"].cpu_s,
-                           "upstream_tests_s": seconds(mine.values()),
-                           "log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
+                           "upstream_tests_s": seconds(mine.values()), "reused": done[name]["reused"],
+                           "key": done[name]["key"][:12]}
+        if done[name]["reused"]:
+            stored = os.path.relpath(done[name]["log"].parent, out)
+            g.stages[name] |= {"log": f"{stored}/pytest.log", "junit": f"{stored}/{cache.ENTRY}"}
+        else:
+            g.stages[name] |= {"log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
         if kit_stage == name:
             g.stages[name]["kit_tests_s"] = seconds(kit.values())
         else:
@@ -661,175 +682,3 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path) -> grading.Upstre
             {"before": before, "after": after}))
     g.problems = up.problems + shared
     return g
-
-
-def remove_stale_bodies(doc: dict, pr_dir: Path) -> None:
-    """Remove the PR bodies ``pr_dir/<name>/`` that ``make pr`` made from another series than the one this report
-    judged (their ``.series`` file holds another series id), and bodies of the old one-file layout."""
-    for name, entry in doc["upstreams"].items():
-        stamp = pr_dir / name / ".series"
-        legacy = pr_dir / f"{name}.md"
-        stale = stamp.exists() and stamp.read_text().strip() != entry["series_id"]
-        if legacy.exists() or stale:  # a body of the one-file layout names no series: it is stale
-            legacy.unlink(missing_ok=True)
-            if stale:
-                shutil.rmtree(pr_dir / name, ignore_errors=True)
-            print(f"gate: removed the PR bodies of {name} in {os.path.relpath(pr_dir)}/, made from another series: "
-                  "run `make pr` again", flush=True)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """Parse the gate's options (paths default to the kit's own layout)."""
-    parser = ArgumentParser(prog="python -m scripts.gate", description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="gate this upstream only")
-    parser.add_argument("--version", action="append", default=[], metavar="NAME=VERSION")
-    parser.add_argument("--sources", type=Path, default=sources.SOURCES_FILE)
-    parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
-    parser.add_argument("--patches", type=Path, default=sources.KIT_ROOT / "patches")
-    parser.add_argument("--suites", type=Path, default=sources.KIT_ROOT / "tests", help="holds tests/<name>/")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="stages run at once (default: the CPU count)")
-    parser.add_argument("--timeout", type=float, default=STAGE_TIMEOUT, help="seconds per stage")
-    parser.add_argument("--keep-trees", action="store_true", help="leave the stages' trees in <out>/trees/")
-    parser.add_argument("--outdated", type=Path, default=outdated.RECORD, help="the record of the last make outdated")
-    args = parser.parse_args(argv)
-    args.out = args.out.resolve()
-    root = args.suites.resolve().parent
-    if not args.out.is_relative_to(root):
-        parser.error(f"--out {args.out} must lie inside {root}: the stages' node ids are paths relative to it")
-    return args
-
-
-def clean(ups: list[Upstream], out: Path) -> None:
-    """Remove what a previous run left in ``out``: its stages' logs and JUnit XML, excerpts, stack dumps and trees
-    (a killed run's included), and its report with them, so that no report claims a verdict whose evidence is gone
-    (issue 33: an interrupted run left a PASS report linking the aborted run's logs); kill the processes a killed
-    run left running (those whose stage environment points into ``out``)."""
-    killed = launch.kill_by_environment("KIT_IMPORT_RECORD", f"{out}{os.sep}")
-    if killed:
-        print(f"gate: killed {len(killed)} processes a previous run left running", flush=True)
-    for up in ups:
-        worktree.clean(up.repo, out / "trees")
-    stages = [p.name for p in out.glob("stage-*")] + ["before", "after"]
-    for name in ("trees", *stages, "excerpts", "stacks"):
-        shutil.rmtree(out / name, ignore_errors=True)
-    for name in REPORTS:
-        (out / name).unlink(missing_ok=True)
-
-
-def write_unfinished(out: Path, why: str, started: float) -> None:
-    """Write ``report.md`` of a run that ended without a verdict (``why``: interrupted, or the error); no
-    ``report.json``, so that ``make pr`` and the bench find no result to use."""
-    logs = sorted(path.relative_to(out).as_posix() for path in out.glob("*/pytest.log"))
-    (out / "report.md.new").write_text(grading.unfinished_markdown(why, round(time.monotonic() - started, 1), logs))
-    os.replace(out / "report.md.new", out / "report.md")
-
-
-def gate(args: argparse.Namespace) -> int:
-    """Prepare, run the stages, judge, report; return the exit status. Once the previous run's evidence is removed
-    (``clean``), a run that does not reach its report (Ctrl-C, an error) writes one that says so and claims no
-    verdict; the stages' trees and temporary files are removed whatever happens."""
-    started = time.monotonic()
-    ups = load_upstreams(args)  # a refusal here leaves the previous report and its evidence as they are
-    clean(ups, args.out)
-    try:
-        return judge_and_report(ups, args, started)
-    except KeyboardInterrupt:
-        write_unfinished(args.out, "the run was interrupted", started)
-        raise
-    except KitError as e:
-        write_unfinished(args.out, f"error: {e}", started)
-        raise
-    finally:
-        remove_trees(ups, args)
-
-
-def judge_and_report(ups: list[Upstream], args: argparse.Namespace, started: float) -> int:
-    """Make the stages' trees, run the stages, judge them (scripts/grading.py) and write the report; return the exit
-    status."""
-    for up in ups:
-        prepare(up, args.out / "trees")
-    runnable = [up for up in ups if not up.problems]
-    done = run_stages(runnable, args) if runnable else {}
-    print("gate: judging the stages, writing the report and removing the stages' trees", flush=True)
-    with progress_lines(lambda: ["still judging the stages and removing their trees"], PROGRESS_S):
-        root = args.suites.resolve().parent
-        stacks = [path for stage in stage_names(ups) if stage in done
-                  for path in collect_stacks(args.out / stage, args.out)]
-        ups_graded = [graded(up, done if up in runnable else {}, root, args.suites.resolve()) for up in ups]
-        record = outdated.load_record(args.outdated)  # the last `make outdated`: is each base the newest release?
-        meta = {"wall_s": round(time.monotonic() - started, 1), "versions": environment(), "flows": flows_records(),
-                "series": series_source(args.patches), "jobs": args.jobs, "stacks": stacks,
-                "releases": {up.pin.name: outdated.release_status(record, up.pin.package, up.pin.version)
-                             for up in ups}}
-        doc, md, excerpts = grading.report(ups_graded, meta)
-        for path, text in excerpts.items():
-            (args.out / path).parent.mkdir(parents=True, exist_ok=True)
-            (args.out / path).write_text(text)
-        for name, text in zip(REPORTS, (json.dumps(doc, indent=2) + "\n", md), strict=True):
-            (args.out / f"{name}.new").write_text(text)
-            os.replace(args.out / f"{name}.new", args.out / name)  # a reader sees the whole file or none
-        if args.out == DEFAULT_OUT:
-            remove_stale_bodies(doc, DEFAULT_OUT.parent / "pr")
-        remove_trees(ups, args)
-    print(f"\ngate: {doc['verdict'].upper()} in {round(time.monotonic() - started, 1)} s; report in "
-          f"{os.path.relpath(args.out)}/report.md")
-    for line in summary_lines(doc):
-        print(line)
-    return 0 if doc["verdict"] == "pass" else 1
-
-
-def summary_lines(doc: dict) -> list[str]:
-    """The console's summary of a report: per upstream its counts (a stack: the commits' own, which its report's
-    summary table shows, and the FAIL_TO_PASS of all commits), then each violation."""
-    lines = []
-    for name, entry in doc["upstreams"].items():
-        steps = entry.get("steps", [])
-        if steps:
-            lines.append(f"  {name} {entry['version']} ({entry['check']}), a stack of {len(steps)} commits: "
-                         f"FAIL_TO_PASS {len(entry['FAIL_TO_PASS'])} in all, violations {len(entry['violations'])}; "
-                         f"series id {entry['series_id']}")
-        else:
-            lines.append(f"  {name} {entry['version']} ({entry['check']}): FAIL_TO_PASS "
-                         f"{len(entry['FAIL_TO_PASS'])}, PASS_TO_PASS {len(entry['PASS_TO_PASS'])}, violations "
-                         f"{len(entry['violations'])}; series id {entry['series_id']}")
-        lines += [f"    {step['commit']}/{step['of']} {step['subject']}: FAIL_TO_PASS {len(step['FAIL_TO_PASS'])}, "
-                  f"PASS_TO_PASS {len(step['PASS_TO_PASS'])}, violations {len(step['violations'])}" for step in steps]
-        lines += [f"  violation: {violation}" for violation in entry["violations"]]
-    return lines
-
-
-def remove_trees(ups: list[Upstream], args: argparse.Namespace) -> None:
-    """Remove the stages' trees (unless ``--keep-trees``) and temporary files; idempotent."""
-    if not args.keep_trees:
-        for up in ups:
-            for tree in up.trees.values():
-                worktree.remove(tree)
-        shutil.rmtree(args.out / "trees", ignore_errors=True)
-    for stage in stage_names(ups):
-        shutil.rmtree(args.out / stage / "tmp", ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: return 0 with no violation, 1 otherwise or on KitError (one line on stderr), 130 on Ctrl-C."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    try:
-        return gate(args)
-    except KitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        trees = args.out / "trees"
-        left = (f"their trees are left in {os.path.relpath(trees)} (the next run removes them)" if trees.exists()
-                else f"no stage tree is left in {os.path.relpath(trees)}")
-        unfinished = (args.out / "report.md").exists() and not (args.out / "report.json").exists()
-        said = f"; {os.path.relpath(args.out)}/report.md says that this run has no verdict" if unfinished else ""
-        print(f"gate: interrupted; the stages were stopped and {left}; the checkouts were not touched{said}",
-              file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(runlock.interruptible(main))  # Ctrl-C: exit 130, no traceback, one line on the checkouts
