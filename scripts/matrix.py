@@ -401,8 +401,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.collect:
             rows = collect(planned, args.out)
-            return finish(rows, write_report(rows, args.out, f"collected from {len(rows)} row records "
-                                             f"({round(sum(r.wall_s for r in rows), 1)} s of gate wall time in all)"))
+            recorded = sum(row.gate != "no record" for row in rows)
+            return finish(rows, write_report(rows, args.out, f"collected from the records of {recorded} of "
+                                             f"{len(rows)} rows ({round(sum(r.wall_s for r in rows), 1)} s of gate "
+                                             "wall time in all)"))
         if args.row:
             planned = [p for p in planned if p[0].id == args.row]
             if not planned:

@@ -124,7 +124,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="measure the source tree DIR as the patched side of NAME instead of the checkout")
     parser.add_argument("--keep-worktrees", action="store_true", help="leave build/bench/worktrees/ for a next run")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per measurement process (default 600)")
-    parser.add_argument("--gate-timeout", type=float, default=1800, help="seconds per gate / cold apply run")
+    parser.add_argument("--gate-timeout", type=float, default=3600,
+                        help="seconds per gate / cold apply run (a cold gate took 2465 s at a load of 20)")
     parser.add_argument("--checkouts", type=Path, default=sources.KIT_ROOT / "upstream")
     parser.add_argument("--out", type=Path, default=sources.KIT_ROOT / "build" / "bench")
     args = parser.parse_args(argv)

@@ -77,7 +77,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--keep-trees", action="store_true", help="leave the stages' trees in <out>/trees/")
     parser.add_argument("--outdated", type=Path, default=outdated.RECORD, help="the record of the last make outdated")
     args = parser.parse_args(argv)
-    args.out = args.out.resolve()
+    args.out, args.patches, args.checkouts = args.out.resolve(), args.patches.resolve(), args.checkouts.resolve()
     args.cache_dir = (args.cache_dir or args.out.parent / "gate-cache").resolve()
     root = args.suites.resolve().parent
     if not args.out.is_relative_to(root):
