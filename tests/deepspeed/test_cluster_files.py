@@ -198,9 +198,11 @@ def test_an_upgrade_from_the_release_keeps_its_checkpoints_checked(tmp_path, sce
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_cluster_files_do_not_grow_with_the_run(tmp_path, scenario):
-    """The files under ``data_cluster_path`` after two passes (every cluster built) and after ten: the same names and
-    sizes, those of the release."""
-    sizes = {}
+    """The files under ``data_cluster_path`` after two passes (every cluster built and reshuffled) and after ten: the
+    cluster files (``.bin``, ``.idx``) those of the release, with the same names and sizes; besides them the series
+    keeps one cache of each reshuffled cluster (``.npy``: its sample ids and a header), the same sizes after two and
+    ten passes."""
+    files, caches = {}, {}
     for label, sampler_class in (("release", pristine_sampler_class(tmp_path)), ("installed", None)):
         kwargs = {"sampler_class": sampler_class} if sampler_class else {}
         sampler = make_sampler(tmp_path, label, SCENARIOS[scenario], **kwargs)
@@ -208,9 +210,15 @@ def test_cluster_files_do_not_grow_with_the_run(tmp_path, scenario):
         for passes in (2, 10):
             while sampler.consumed_samples < passes * ONE_EPOCH:
                 next(iterator)
-            sizes[label, passes] = {name: len(data) for name, data in cluster_files(tmp_path / label).items()}
-    assert sizes["installed", 10] == sizes["installed", 2], f"files after 2 and 10 passes: {sizes}"
-    assert sizes["installed", 10] == sizes["release", 10], f"the files differ from the release's: {sizes}"
+            found = cluster_files(tmp_path / label)
+            files[label, passes] = {name: len(data) for name, data in found.items() if not name.endswith(".npy")}
+            caches[label, passes] = sorted(len(data) for name, data in found.items() if name.endswith(".npy"))
+    assert files["installed", 10] == files["installed", 2], f"files after 2 and 10 passes: {files}"
+    assert files["installed", 10] == files["release", 10], f"the files differ from the release's: {files}"
+    assert caches["installed", 10] == caches["installed", 2], f"caches after 2 and 10 passes: {caches}"
+    clusters = len([name for name in files["installed", 10] if name.endswith(".bin")])
+    assert len(caches["installed", 10]) == clusters, f"{clusters} clusters, caches {caches['installed', 10]}"
+    assert caches["release", 10] == [], f"the release keeps no caches: {caches}"
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
