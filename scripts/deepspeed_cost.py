@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     parser.add_argument("--gradient-accumulation", type=int, default=16, help="CPU part (default 16)")
     parser.add_argument("--steps", type=int, default=20_000, help="micro-batches per CPU run (default 20000)")
     parser.add_argument("--repeat", type=int, default=3, help="CPU runs per variant (default 3)")
-    parser.add_argument("--order-reshuffles", type=int, default=0, help="the order part's reshuffles (default 0: none)")
+    parser.add_argument("--order-reshuffles", type=int, default=0, help="reshuffles of the order part (default 0)")
     parser.add_argument("--order-samples", type=int, default=10**7, help="the order part's cluster (default 10^7)")
     parser.add_argument("--skip-cpu", action="store_true", help="no CPU part")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
