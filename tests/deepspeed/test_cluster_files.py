@@ -1,17 +1,16 @@
 """The DeepSpeed follow-up "cluster-files" (the series' third commit, ``docs/issues/cluster-files.md``): a restart
 from any checkpoint a job kept, after the job went on past cluster reshuffles, reads what the uninterrupted run read.
 
-Upstream file: deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py (DeepSpeed 0.19.8). The checkpoint
-names each difficulty cluster's file under ``data_cluster_path`` and a position in it, and ``reshuffle_clusters()``
-(lines 240-250) writes the reshuffled cluster over that file: a restart from a checkpoint older than the last
-reshuffle reads a later permutation from the checkpoint's position. Tests marked ``regression("deepspeed",
-"cluster-files")`` fail on the base plus the first two commits (consumed-samples, the #8787 fix) and pass with the
-third: restarts from every kept checkpoint in any order, on every data-parallel rank; a checkpoint whose cluster
-file was rewritten since (by a run with another global batch size, by a restore to the release and back) or deleted
-either resumes exactly or fails at load with one line that names the file and what to do. The guards (pass on both) hold the fix to what the
-release does: the files under ``data_cluster_path`` and the state do not grow with the run; the release's
-checkpoints load and go on as the release goes on; the release loads the series' checkpoints and reads the cluster
-file from the saved position.
+Upstream file: deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py (DeepSpeed 0.19.8). The checkpoint names
+each difficulty cluster's file under ``data_cluster_path`` and a position in it, and ``reshuffle_clusters()`` (lines
+240-250) writes the reshuffled cluster over that file: a restart from a checkpoint older than the last reshuffle reads
+a later permutation from the checkpoint's position. Tests marked ``regression("deepspeed", "cluster-files")`` fail on
+the base plus the first two commits (consumed-samples, the #8787 fix) and pass with the third: restarts from every kept
+checkpoint in any order, on every data-parallel rank; a checkpoint whose cluster file was rewritten since (by a run
+with another global batch size, by a restore to the release and back) or deleted either resumes exactly or fails at
+load with one line that names the file and what to do. The guards (pass on both) hold the fix to what the release does:
+the files under ``data_cluster_path`` and the state do not grow with the run; the release's checkpoints load and go on
+as the release goes on; the release loads the series' checkpoints and reads the cluster file from the saved position.
 """
 
 import collections
