@@ -199,8 +199,8 @@ def test_an_upgrade_from_the_release_keeps_its_checkpoints_checked(tmp_path, sce
 def test_cluster_files_do_not_grow_with_the_run(tmp_path, scenario):
     """The files under ``data_cluster_path`` after two passes (every cluster built and reshuffled) and after ten: the
     cluster files (``.bin``, ``.idx``) those of the release, with the same names and sizes; besides them the series
-    keeps at most one cache per cluster (``.npy``: a reshuffled cluster's sample ids and a header), the same sizes after
-    two and ten passes (the release keeps none)."""
+    keeps at most one cache per cluster (``.npy``: a reshuffled cluster's sample ids and a header), of the same sizes
+    after two and ten passes (the release keeps none)."""
     files, caches = {}, {}
     for label, sampler_class in (("release", pristine_sampler_class(tmp_path)), ("installed", None)):
         kwargs = {"sampler_class": sampler_class} if sampler_class else {}
