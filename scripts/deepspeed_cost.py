@@ -15,8 +15,9 @@ process, global rank 0, one data-parallel rank). Prints a table; with ``--json``
 - State: bytes of ``state_dict()`` through ``torch.save`` after the last pass (the zip file torch writes), and the
   bytes a cluster adds: the pickled per-cluster entries (file name, position; with the series also the reshuffle's
   generator state and the file's CRC-32) with three clusters less those with one, halved.
-- Memory: the series keeps the permutation of each reshuffled cluster in memory on global rank 0 (bytes of those
-  arrays after the last pass); the release reads it back from the file it rewrote.
+- Memory: the bytes of global rank 0's cluster arrays after the last pass that are held in the process's own memory
+  rather than mapped from a file (``private_bytes``): the release maps the cluster file it rewrote, the series the
+  cache file of the reshuffled cluster. Both copy a cluster once while they reshuffle it (not counted).
 - CPU: seconds of this process (``time.process_time``, so other jobs on the machine count less than in wall time)
   per micro-batch over ``--steps`` micro-batches (micro-batch ``--micro-batch``, ``--gradient-accumulation`` of them
   per global batch, a single cluster of ``--cpu-samples`` samples, so that it is reshuffled), without and with
@@ -26,8 +27,14 @@ process, global rank 0, one data-parallel rank). Prints a table; with ``--json``
   the median is reported, and its ratio to the release's of the same ``post_process_func`` setting (the release runs
   the same with and without workers: it tracks nothing). Also the CPU of one ``state_dict()`` call (median of
   ``--repeat`` runs of ``--steps`` calls) after the CPU run, and of one ``np.random.get_state()``, which both call.
-- Load: CPU seconds of ``load_state_dict()`` of the state after the last pass (the series reads each cluster file
-  for its checksum and shuffles each reshuffled cluster once).
+- Load: CPU and wall seconds of ``load_state_dict()`` of the state after the last pass into a new sampler (the series
+  reads each cluster file for its checksum and maps the reshuffled cluster's cache file), and, for the series, with
+  the cache files removed first (a restart from a checkpoint older than the last reshuffle: it shuffles each
+  reshuffled cluster again and writes its cache).
+- Order (``--order-reshuffles N``): what keeping 0.19.8's order of an uninterrupted run past a cluster's second
+  reshuffle would cost a restart from a checkpoint whose cache is gone: 0.19.8 permutes the previous permutation, so
+  the checkpoint would hold the generator's state of each of the N reshuffles (pickled bytes of N states) and the
+  load would shuffle a cluster of ``--order-samples`` samples N times (CPU seconds, measured).
 
 Raises SystemExit with a one-line message when the checkout has no base.
 """
@@ -36,6 +43,7 @@ import argparse
 import importlib.util
 import io
 import json
+import mmap
 import os
 import pickle
 import statistics
@@ -146,6 +154,33 @@ def per_cluster_bytes(state: dict) -> int:
     return len(pickle.dumps([[state[key][index] for key in keys] for index in clusters]))
 
 
+def private_bytes(array) -> int:
+    """``array.nbytes`` unless its memory is mapped from a file (an ``np.memmap``, or a buffer of an ``mmap``)."""
+    base = array
+    while base is not None:
+        if isinstance(base, (np.memmap, mmap.mmap)):
+            return 0
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+    return array.nbytes
+
+
+def remove_caches(directory: str) -> int:
+    """Removes the series' caches of reshuffled clusters (``*.npy``) under ``directory``; how many."""
+    caches = [entry.path for entry in os.scandir(directory) if entry.name.endswith(".npy")]
+    for path in caches:
+        os.remove(path)
+    return len(caches)
+
+
+def timed_load(cls, root: str, run: str, args, clusters: int, state: dict) -> tuple[float, float]:
+    """CPU and wall seconds of ``load_state_dict(state)`` into a new sampler."""
+    loader = make_sampler(cls, root, run, args.samples, args.disk_micro_batch, 1, clusters)
+    state = pickle.loads(pickle.dumps(state))
+    cpu, wall = time.process_time(), time.perf_counter()
+    loader.load_state_dict(state)
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
 def disk_and_state(classes: dict, args, root: str) -> dict:
     """{clusters: {label: {"bytes_after_passes", "state_bytes", "state_bytes_per_cluster", "memory_bytes",
     "load_cpu_s", "files"}}} over the passes of ``args.passes``."""
@@ -160,23 +195,45 @@ def disk_and_state(classes: dict, args, root: str) -> dict:
                     next(batches)
                 after[passes] = directory_bytes(os.path.join(root, run))
             state = sampler.state_dict()
-            reshuffled = [c[0] for c in sampler.data_clusters if isinstance(c, list)]  # the series' in memory
-            loader = make_sampler(cls, root, run, args.samples, args.disk_micro_batch, 1, clusters)
-            started = time.process_time()
-            loader.load_state_dict(pickle.loads(pickle.dumps(state)))
-            results.setdefault(clusters, {})[label] = {
+            memory = sum(private_bytes(cluster[0]) for cluster in sampler.data_clusters)
+            load_cpu, load_wall = timed_load(cls, root, run, args, clusters, state)
+            result = {
                 "bytes_after_passes": after,
                 "files": len(os.listdir(os.path.join(root, run))),
                 "state_bytes": torch_saved_bytes(state),
                 "per_cluster_entries_bytes": per_cluster_bytes(state),
-                "memory_bytes": sum(array.nbytes for array in reshuffled),
-                "load_cpu_s": time.process_time() - started,
+                "memory_bytes": memory,
+                "load_cpu_s": load_cpu,
+                "load_wall_s": load_wall,
             }
+            if remove_caches(os.path.join(root, run)):
+                result["load_without_caches_cpu_s"], result["load_without_caches_wall_s"] = timed_load(
+                    cls, root, run, args, clusters, state
+                )
+            results.setdefault(clusters, {})[label] = result
     for label in classes:
         results[3][label]["state_bytes_per_cluster"] = (
             results[3][label]["per_cluster_entries_bytes"] - results[1][label]["per_cluster_entries_bytes"]
         ) / 2
     return results
+
+
+def order_cost(reshuffles: int, samples: int) -> dict:
+    """Keeping 0.19.8's order across ``reshuffles`` reshuffles of a ``samples``-sample cluster: the pickled bytes of
+    the generator's state of each reshuffle, and CPU seconds of as many shuffles, each of the previous permutation."""
+    rng = np.random.default_rng(1234)
+    states = []
+    cluster = np.arange(samples, dtype=np.int32)
+    started = time.process_time()
+    for _ in range(reshuffles):
+        states.append(rng.bit_generator.state)
+        rng.shuffle(cluster)
+    return {
+        "reshuffles": reshuffles,
+        "samples": samples,
+        "state_bytes": len(pickle.dumps(states)),
+        "load_cpu_s": time.process_time() - started,
+    }
 
 
 def cpu_run(sampler, steps: int, post_process: bool, track: bool) -> float:
@@ -254,6 +311,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gradient-accumulation", type=int, default=16, help="CPU part (default 16)")
     parser.add_argument("--steps", type=int, default=20_000, help="micro-batches per CPU run (default 20000)")
     parser.add_argument("--repeat", type=int, default=3, help="CPU runs per variant (default 3)")
+    parser.add_argument("--order-reshuffles", type=int, default=0, help="reshuffles of the order part (default 0)")
+    parser.add_argument("--order-samples", type=int, default=10**7, help="the order part's cluster (default 10^7)")
+    parser.add_argument("--skip-cpu", action="store_true", help="no CPU part")
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args(argv)
 
@@ -265,7 +325,8 @@ def main(argv=None) -> int:
     classes = {"0.19.8": pristine_sampler_class(), "series": DeepSpeedDataSampler}
     with tempfile.TemporaryDirectory(prefix="kit-deepspeed-cost-") as root:
         disk = disk_and_state(classes, args, root)
-        cpu, calls = cpu_per_micro_batch(classes, args, root)
+        cpu, calls = ({}, {}) if args.skip_cpu else cpu_per_micro_batch(classes, args, root)
+    order = order_cost(args.order_reshuffles, args.order_samples) if args.order_reshuffles else None
     ratios = {
         name: value / cpu["0.19.8" + (", post_process_func" if "post_process_func" in name else "")]
         for name, value in cpu.items()
@@ -276,6 +337,7 @@ def main(argv=None) -> int:
         "cpu_s_per_micro_batch": cpu,
         "cpu_ratio_to_release": ratios,
         "state_dict_cpu_s": calls,
+        "order": order,
     }
     print(f"disk under data_cluster_path, {args.samples} samples (bytes after passes {args.passes}; files):")
     for clusters, by_label in disk.items():
@@ -287,12 +349,28 @@ def main(argv=None) -> int:
     )
     for clusters, by_label in disk.items():
         for label, d in by_label.items():
+            without = (
+                f"; without the caches {d['load_without_caches_cpu_s'] * 1e3:.1f} ms CPU, "
+                f"{d['load_without_caches_wall_s'] * 1e3:.1f} ms wall"
+                if "load_without_caches_cpu_s" in d
+                else ""
+            )
             print(
-                f"  {clusters} cluster(s) {label:8} {d['state_bytes']:,} bytes; "
-                f"in memory {d['memory_bytes']:,} bytes; load_state_dict {d['load_cpu_s'] * 1e3:.1f} ms CPU"
+                f"  {clusters} cluster(s) {label:8} {d['state_bytes']:,} bytes; in memory {d['memory_bytes']:,} "
+                f"bytes; load_state_dict {d['load_cpu_s'] * 1e3:.1f} ms CPU, {d['load_wall_s'] * 1e3:.1f} ms wall"
+                f"{without}"
             )
     for label, d in disk[3].items():
         print(f"  bytes a cluster adds to the state, {label}: {d['state_bytes_per_cluster']:.0f}")
+    if order:
+        print(
+            f"keeping 0.19.8's order across {order['reshuffles']} reshuffles of a {order['samples']:,}-sample "
+            f"cluster: {order['state_bytes']:,} bytes of generator states, {order['load_cpu_s']:.2f} s CPU of shuffles"
+        )
+    if args.skip_cpu:
+        if args.json:
+            args.json.write_text(json.dumps(numbers, indent=1))
+        return 0
     print(
         f"CPU per micro-batch ({args.steps} micro-batches of {args.micro_batch}, global batch "
         f"{args.micro_batch * args.gradient_accumulation}, median of {args.repeat}; ratio to 0.19.8):"

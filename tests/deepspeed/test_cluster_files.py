@@ -1,17 +1,16 @@
-"""The DeepSpeed follow-up "cluster-files" (the series' second commit, ``docs/issues/cluster-files.md``): a restart
+"""The DeepSpeed follow-up "cluster-files" (the series' third commit, ``docs/issues/cluster-files.md``): a restart
 from any checkpoint a job kept, after the job went on past cluster reshuffles, reads what the uninterrupted run read.
 
-Upstream file: deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py (DeepSpeed 0.19.8). The checkpoint
-names each difficulty cluster's file under ``data_cluster_path`` and a position in it, and ``reshuffle_clusters()``
-(lines 240-250) writes the reshuffled cluster over that file: a restart from a checkpoint older than the last
-reshuffle reads a later permutation from the checkpoint's position. Tests marked ``regression("deepspeed",
-"cluster-files")`` fail on the base plus the #8787 fix and pass with the second commit: restarts from every kept
+Upstream file: deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py (DeepSpeed 0.19.8). The checkpoint names
+each difficulty cluster's file under ``data_cluster_path`` and a position in it, and ``reshuffle_clusters()`` (lines
+240-250) writes the reshuffled cluster over that file: a restart from a checkpoint older than the last reshuffle reads
+a later permutation from the checkpoint's position. Tests marked ``regression("deepspeed", "cluster-files")`` fail on
+the base plus the first two commits (consumed-samples, the #8787 fix) and pass with the third: restarts from every kept
 checkpoint in any order, on every data-parallel rank; a checkpoint whose cluster file was rewritten since (by a run
-with another global batch size, by a restore to the release and back) or deleted either resumes exactly or fails
-at load with one line that names the file and what to do. The guards (pass on both) hold the fix to what the
-release does: the files under ``data_cluster_path`` and the state do not grow with the run; the release's
-checkpoints load and go on as the release goes on; the release loads the series' checkpoints and reads the cluster
-file from the saved position.
+with another global batch size, by a restore to the release and back) or deleted either resumes exactly or fails at
+load with one line that names the file and what to do. The guards (pass on both) hold the fix to what the release does:
+the files under ``data_cluster_path`` and the state do not grow with the run; the release's checkpoints load and go on
+as the release goes on; the release loads the series' checkpoints and reads the cluster file from the saved position.
 """
 
 import collections
@@ -198,9 +197,11 @@ def test_an_upgrade_from_the_release_keeps_its_checkpoints_checked(tmp_path, sce
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_cluster_files_do_not_grow_with_the_run(tmp_path, scenario):
-    """The files under ``data_cluster_path`` after two passes (every cluster built) and after ten: the same names and
-    sizes, those of the release."""
-    sizes = {}
+    """The files under ``data_cluster_path`` after two passes (every cluster built and reshuffled) and after ten: the
+    cluster files (``.bin``, ``.idx``) those of the release, with the same names and sizes; besides them the series
+    keeps at most one cache per cluster (``.npy``: a reshuffled cluster's sample ids and a header), of the same sizes
+    after two and ten passes (the release keeps none)."""
+    files, caches = {}, {}
     for label, sampler_class in (("release", pristine_sampler_class(tmp_path)), ("installed", None)):
         kwargs = {"sampler_class": sampler_class} if sampler_class else {}
         sampler = make_sampler(tmp_path, label, SCENARIOS[scenario], **kwargs)
@@ -208,9 +209,14 @@ def test_cluster_files_do_not_grow_with_the_run(tmp_path, scenario):
         for passes in (2, 10):
             while sampler.consumed_samples < passes * ONE_EPOCH:
                 next(iterator)
-            sizes[label, passes] = {name: len(data) for name, data in cluster_files(tmp_path / label).items()}
-    assert sizes["installed", 10] == sizes["installed", 2], f"files after 2 and 10 passes: {sizes}"
-    assert sizes["installed", 10] == sizes["release", 10], f"the files differ from the release's: {sizes}"
+            found = cluster_files(tmp_path / label)
+            files[label, passes] = {name: len(data) for name, data in found.items() if not name.endswith(".npy")}
+            caches[label, passes] = sorted(len(data) for name, data in found.items() if name.endswith(".npy"))
+    assert files["installed", 10] == files["installed", 2], f"files after 2 and 10 passes: {files}"
+    assert files["installed", 10] == files["release", 10], f"the files differ from the release's: {files}"
+    assert caches["installed", 10] == caches["installed", 2], f"caches after 2 and 10 passes: {caches}"
+    clusters = len([name for name in files["installed", 10] if name.endswith(".bin")])
+    assert len(caches["installed", 10]) <= clusters, f"{clusters} clusters, caches {caches['installed', 10]}"
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))

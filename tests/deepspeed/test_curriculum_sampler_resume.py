@@ -10,13 +10,13 @@ starts its generator from the seed again and yields other batches than an uninte
 numpy's global RNG back. Earlier report of the same defect: DeepSpeed #8405.
 
 Tests marked ``regression("deepspeed", 8787)`` reproduce the bug or a demand on its fix: they fail on the base
-and pass with the series. Besides exact resume they cover every sampler state in the wild: the series' own; the
-checkpoints of the open PRs #8406 and #8425 (the generator's ``bit_generator.state`` under ``"np_rng_state"``,
-written by the release's sampler with that one change), which the base rejects; the legacy one (numpy's global
-RandomState tuple only), which must load, restart the sampler's stream from the seed, warn once on global rank 0
-and leave numpy's global RNG alone, as must a state of another bit generator under either key; ``state_dict()`` is
-a snapshot that later sampling leaves as it was; and loading with ``torch.load(weights_only=True)``, torch's default
-since 2.6 and what DeepSpeed's Fast and Decoupled checkpoint engines call (DeepSpeed #8500). The other tests are
+and pass with the series. Besides exact resume they cover every sampler state a release wrote: the series' own; the
+legacy one (numpy's global RandomState tuple only), which must load, restart the sampler's stream from the seed,
+warn once on global rank 0 and leave numpy's global RNG alone, as must a state with the generator's state under
+``"np_rng_state"`` (the shape of the open PRs #8406 and #8425, which no release wrote: the series is offered to #8406
+instead) or another bit generator's there; ``state_dict()`` is a snapshot that later sampling leaves as it was; and
+loading with ``torch.load(weights_only=True)``, torch's default since 2.6 and what DeepSpeed's Fast and Decoupled
+checkpoint engines call (DeepSpeed #8500). The other tests are
 guards that pass on both: the scenarios really cross an epoch, a cluster reshuffle and several difficulty clusters;
 the data-parallel slicing follows the group's size; a state written now loads in the pristine release's own
 ``load_state_dict`` (imported from the base tree); the seed matters. The follow-ups' tests are in
@@ -41,7 +41,6 @@ from tests.deepspeed.sampling import (
     make_sampler,
     pristine_sampler_class,
     take,
-    take_until_second_reshuffle,
     through_checkpoint,
 )
 from tests.deepspeed.scenarios import ONE_EPOCH, SCENARIOS, SEED, SEVERAL_CLUSTERS
@@ -155,18 +154,6 @@ def legacy_shape(state):
     return legacy
 
 
-def open_prs_sampler_class(tmp_path):
-    """The sampler of the open PRs #8406 and #8425: the pristine release's, whose ``state_dict()`` puts its
-    generator's state under "np_rng_state" (their one change to it); its reshuffles rewrite the cluster files as the
-    release's do."""
-
-    class OpenPrsSampler(pristine_sampler_class(tmp_path)):
-        def state_dict(self):
-            return {**super().state_dict(), "np_rng_state": self.np_rng.bit_generator.state}
-
-    return OpenPrsSampler
-
-
 def load_legacy_state(tmp_path, global_rank=0):
     """A sampler (of ``global_rank``) that loaded a legacy state saved after 5 batches.
 
@@ -217,27 +204,6 @@ def test_legacy_state_restarts_from_seed_and_leaves_global_numpy_rng_alone(tmp_p
 
 @pytest.mark.regression("deepspeed", 8787)
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_open_prs_checkpoint_resumes_exactly(tmp_path, scenario):
-    """A checkpoint written by the sampler of PR #8406 or #8425 (if one merges first) resumes exactly: the series
-    reads on what their own run reads, past its first reshuffle after the resume (up to its second reshuffle of a
-    cluster, see ``take_until_second_reshuffle``), from states saved before and after a first reshuffle."""
-    metric, writer = SCENARIOS[scenario], open_prs_sampler_class(tmp_path)
-    expected = take(make_sampler(tmp_path, "uninterrupted", metric, sampler_class=writer), 2 * NUM_BATCHES)
-    diverged = []
-    for resume_at in (0, 5, 13, 20):
-        first = make_sampler(tmp_path, f"resume-{resume_at}", metric, sampler_class=writer)
-        head = take(first, resume_at)
-        second = make_sampler(tmp_path, f"resume-{resume_at}", metric)
-        load(second, through_checkpoint(first.state_dict()), "the open PRs' state_dict()")
-        tail, reshuffled = take_until_second_reshuffle(second, 2 * NUM_BATCHES - resume_at)
-        assert reshuffled, f"resumed at batch {resume_at}, the batches compared include no reshuffle"
-        if head + tail != expected[: len(head + tail)]:
-            diverged.append((resume_at, first_divergence(expected, head + tail)))
-    assert not diverged, f"(resumed at batch, first batch that differs from the open PRs' own run): {diverged}"
-
-
-@pytest.mark.regression("deepspeed", 8787)
-@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_weights_only_load_resumes_exactly(tmp_path, scenario):
     """The state holds only Python built-ins: ``torch.load(weights_only=True)`` reads it and the resume is exact."""
     assert_resume_parity(tmp_path, resume_points=(0, 5, 13), metric=SCENARIOS[scenario], weights_only=True)
@@ -258,35 +224,37 @@ def test_state_dict_is_a_snapshot(tmp_path, scenario):
     assert not changed, f"the state taken after 5 batches changed with the sampler, keys {changed}"
 
 
-def other_bit_generator_state(state, key):
-    """``state`` with the state of an MT19937 generator (not the sampler's PCG64) under ``key``; under the old key
-    in a state of the old keys only (the open PRs' shape). ``key="global-pcg64"``: a state of the old keys whose
-    ``"np_rng_state"`` is what 0.19.8 saves there when numpy's global RNG runs on PCG64
+def other_bit_generator_state(state, key, sampler):
+    """``state`` of the old keys only, with under ``"np_rng_state"``: ``key="open-prs"``, the sampler's own generator
+    state (what the open PRs #8406 and #8425 write there); ``key="mt19937"``, the state of an MT19937 generator;
+    ``key="global-pcg64"``, what 0.19.8 saves there when numpy's global RNG runs on PCG64
     (``np.random.set_bit_generator``): the global RandomState's dict, of the sampler's bit generator type."""
-    other = dict(state) if key == "np_rng_bit_generator_state" else {name: state[name] for name in OLD_FORMAT_KEYS}
+    other = {name: state[name] for name in OLD_FORMAT_KEYS}
     if key == "global-pcg64":
         other["np_rng_state"] = np.random.RandomState(np.random.PCG64(7)).get_state()
+    elif key == "open-prs":
+        other["np_rng_state"] = sampler.np_rng.bit_generator.state
     else:
-        other[key] = np.random.Generator(np.random.MT19937(7)).bit_generator.state
+        other["np_rng_state"] = np.random.Generator(np.random.MT19937(7)).bit_generator.state
     return other
 
 
 @pytest.mark.regression("deepspeed", 8787)
-@pytest.mark.parametrize("key", ["np_rng_bit_generator_state", "np_rng_state", "global-pcg64"])
+@pytest.mark.parametrize("key", ["open-prs", "mt19937", "global-pcg64"])
 def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
-    """A state of another bit generator, or numpy's global RandomState of the sampler's bit generator type, takes the
-    legacy state's path: it loads, the sampler's stream restarts from the seed, global rank 0 logs one warning, numpy's
-    global RNG is left alone."""
+    """A state that holds a generator's state (the sampler's, another bit generator's) or numpy's global RandomState
+    of the sampler's bit generator type only under ``"np_rng_state"`` takes the legacy state's path: it loads, the
+    sampler's stream restarts from the seed, global rank 0 logs one warning, numpy's global RNG is left alone."""
     sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
     take(sampler, 5)
-    state = through_checkpoint(other_bit_generator_state(sampler.state_dict(), key))
+    state = through_checkpoint(other_bit_generator_state(sampler.state_dict(), key, sampler))
     np.random.seed(21)
     expected_draws = peek_global_numpy_draws()
     resumed = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
     handler = WarningRecords()
     deepspeed_logger.addHandler(handler)
     try:
-        load(resumed, state, f"MT19937 state under {key!r}")
+        load(resumed, state, f"{key} state under 'np_rng_state'")
     finally:
         deepspeed_logger.removeHandler(handler)
     messages = [record.getMessage() for record in handler.records]
@@ -348,20 +316,17 @@ def test_state_dict_holds_only_python_builtins(tmp_path, scenario, schedule):
 
 def test_state_dict_loads_in_the_pristine_release(tmp_path):
     """The pristine ``load_state_dict`` (0.19.6-0.19.8: ``np.random.set_state(state["np_rng_state"])``, no check)
-    reads a state written now, weights-only, and sets numpy's global RNG to its state at save time, as it always did.
-    """
+    reads a state written now, weights-only, and sets numpy's global RNG to the state saved there."""
     sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
     take(sampler, 5)
-    np.random.seed(21)
-    expected = peek_global_numpy_draws()
     state = through_checkpoint(sampler.state_dict())
-    np.random.random_sample(3)
+    np.random.seed(21)
     pristine_class = pristine_sampler_class(tmp_path)
     pristine = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS, sampler_class=pristine_class)
     assert type(pristine).state_dict is not DeepSpeedDataSampler.state_dict, "the pristine sampler is the series'"
     load(pristine, state, "state_dict() read by the pristine release")
-    assert peek_global_numpy_draws() == expected, (
-        "the pristine release's load_state_dict() did not put numpy's global RNG back to the state saved"
+    assert peek_global_numpy_draws() == peek_global_numpy_draws(state["np_rng_state"]), (
+        "the pristine release's load_state_dict() did not set numpy's global RNG to the state saved"
     )
 
 

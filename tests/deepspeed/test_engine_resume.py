@@ -186,9 +186,15 @@ def test_engine_restart_with_iterator_made_before_load_checkpoint_matches_uninte
         )
 
 
-@pytest.mark.regression("deepspeed", "consumed-samples")
 @pytest.mark.parametrize("nproc", [1, 2], ids=["1rank", "2ranks"])
-@pytest.mark.parametrize("scenario", ["single_cluster", "several_clusters-num_workers2"])
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        pytest.param("single_cluster", marks=pytest.mark.regression("deepspeed", "consumed-samples")),
+        # With workers the count also needs the io-workers commit (the checkpoint holds the consumed state).
+        pytest.param("several_clusters-num_workers2", marks=pytest.mark.regression("deepspeed", "io-workers")),
+    ],
+)
 def test_engine_consumed_samples_after_restarts_match_uninterrupted_run(launches, nproc, scenario):
     """After each restart ``post_process_func`` receives the uninterrupted run's ``consumed_samples``, the samples of
     every rank's micro-batches up to and including the one it comes with."""
