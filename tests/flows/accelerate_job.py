@@ -101,8 +101,12 @@ class PythonRandomBatches(BatchSampler):
     def __init__(self):
         self.batch_size, self.drop_last = BATCH_SIZE, False
 
+    @staticmethod
+    def batches():
+        return [list(range(i, i + BATCH_SIZE)) for i in range(0, NUM_SAMPLES, BATCH_SIZE)]
+
     def __iter__(self):
-        batches = [list(range(i, i + BATCH_SIZE)) for i in range(0, NUM_SAMPLES, BATCH_SIZE)]
+        batches = self.batches()
         random.shuffle(batches)
         yield from batches
 
@@ -119,7 +123,7 @@ class GeneratorBatches(PythonRandomBatches):
         self.generator = torch.Generator().manual_seed(7)
 
     def __iter__(self):
-        batches = [list(range(i, i + BATCH_SIZE)) for i in range(0, NUM_SAMPLES, BATCH_SIZE)]
+        batches = self.batches()
         yield from (batches[i] for i in torch.randperm(len(batches), generator=self.generator).tolist())
 
 
