@@ -25,6 +25,8 @@ LOAD ?= 0
 ON ?= checkouts
 # `make stress SCENARIOS="state-dict-first-diverged-nw6 ..."`: launch only these scenarios of tests/accelerate's worker.
 SCENARIOS ?=
+# `make stress SUITE=tests/deepspeed`: the part of the kit's suite that is run (default: the 2-process Accelerate suite).
+SUITE ?= tests/accelerate
 # Extra options of `make bench` (python -m scripts.bench --help), e.g. `--repeat 9`, `--profile-gate`, `--cold-apply`.
 BENCH_ARGS ?=
 # `make matrix`: DEPS=0 gates the releases in the kit's venv only (no dependency axis); MATRIX_JOBS gate runs at once
@@ -82,7 +84,7 @@ $(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES
 # shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
 # PYTEST_ARGS was silently ignored by make gate).
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS GATE_CACHE PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS BENCH_ARGS DEPS MATRIX_JOBS ROW SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
+  SCENARIOS SUITE BENCH_ARGS DEPS MATRIX_JOBS ROW SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
 ABOUT_TOOLS := the venv of the upstreams' style tools
@@ -104,7 +106,7 @@ READ_BY_GATE_CACHE := gate matrix
 ABOUT_PYTEST_ARGS := extra pytest arguments, e.g. -k partition
 READ_BY_PYTEST_ARGS := test
 NOTE_PYTEST_ARGS := ; the gate judges every test of the suite, so it takes none
-ABOUT_REPEAT := runs of the 2-process suite
+ABOUT_REPEAT := runs of the stressed suite
 ABOUT_LOAD := busy processes competing for the CPUs meanwhile
 ABOUT_ON := the code under test: checkouts, base or series
 ABOUT_SCENARIOS := only these scenarios of the Accelerate worker, without pytest
@@ -112,6 +114,8 @@ READ_BY_REPEAT := stress
 READ_BY_LOAD := stress
 READ_BY_ON := stress
 READ_BY_SCENARIOS := stress
+ABOUT_SUITE := the part of the kit's suite that make stress runs, e.g. tests/deepspeed
+READ_BY_SUITE := stress
 ABOUT_BENCH_ARGS := options of python -m scripts.bench, e.g. --repeat 7 --gate
 READ_BY_BENCH_ARGS := bench
 ABOUT_DEPS := 0: the releases in the kit's venv only, without the dependency and torch axes
@@ -256,10 +260,10 @@ flows: need-venv ## the flow table: save/restart flows on the release and the se
 	@$(call SAY,running the flow table (launch logs in build/flows/work/)) $(PY) -m scripts.flows \
 	  $(if $(call is_yes,$(FULL)),--full) $(if $(AT),--at $(call quote,$(AT)))
 
-stress: ## tests/accelerate REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
+stress: ## SUITE (tests/accelerate) REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
 	@$(NEED_VENV)
 	@$(call SAY,running the stress repetitions (logs in build/stress/)) $(PY) -m scripts.stress --repeat $(REPEAT) --load $(LOAD) --on $(ON) --jobs $(JOBS) \
-	  $(foreach scenario,$(SCENARIOS),--scenario $(scenario))
+	  $(foreach scenario,$(SCENARIOS),--scenario $(scenario)) $(SUITE)
 
 bench: ## base vs patched side by side (prepare(), epoch, sampler; BENCH_ARGS=--gate: the gate vs its floor); build/bench/report.md
 	@$(NEED_VENV)
