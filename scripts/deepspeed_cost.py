@@ -2,7 +2,9 @@
 state's size, CPU per micro-batch, and ``load_state_dict()``.
 
 Run in the kit's venv, on the DeepSpeed checkout as installed (``make apply``: the series applied):
-``.venv/bin/python -m scripts.deepspeed_cost [--samples N] [--passes 1,10,60] [--json PATH]`` (``--help`` for all).
+``.venv/bin/python -m scripts.deepspeed_cost [--samples N] [--passes 1,10,60] [--json PATH]`` (``--help`` for all);
+on one commit of the stack, with a work tree of it first on ``PYTHONPATH`` (``git -C upstream/deepspeed worktree add
+/tmp/at HEAD~1``, then ``PYTHONPATH=/tmp/at``).
 Both samplers run in this process, the release's ``DeepSpeedDataSampler`` read with git from ``base/<version>`` of
 ``upstream/deepspeed`` and imported beside the installed module; their two collectives are replaced by no-ops (one
 process, global rank 0, one data-parallel rank). Prints a table; with ``--json`` also writes the numbers there.
@@ -264,11 +266,12 @@ def state_dict_call(sampler, calls: int) -> float:
 
 def cpu_per_micro_batch(classes: dict, args, root: str) -> tuple[dict, dict]:
     """{variant: median CPU seconds per micro-batch} and {variant: median CPU seconds of a state_dict() call};
-    variants "<label>" and "<label>, post_process_func", and for the series also "<label>, workers" and "<label>,
+    variants "<label>" and "<label>, post_process_func", and for a series that tracks the DataLoader's prefetch (its
+    sampler has ``_track_prefetch``: from the stack's fourth commit on) also "<label>, workers" and "<label>,
     workers, post_process_func" (the calls: of the variants without post_process_func)."""
     variants = []
     for label, cls in classes.items():
-        for track in (False, True) if label != "0.19.8" else (False,):
+        for track in (False, True) if hasattr(cls, "_track_prefetch") else (False,):
             for post_process in (False, True):
                 name = label + (", workers" if track else "") + (", post_process_func" if post_process else "")
                 variants.append((name, cls, post_process, track))
