@@ -29,6 +29,10 @@ process, global rank 0, one data-parallel rank). Prints a table; with ``--json``
   the median is reported, and its ratio to the release's of the same ``post_process_func`` setting (the release runs
   the same with and without workers: it tracks nothing). Also the CPU of one ``state_dict()`` call (median of
   ``--repeat`` runs of ``--steps`` calls) after the CPU run, and of one ``np.random.get_state()``, which both call.
+- Resume points (a series whose sampler has ``_track_prefetch``): the memory the points kept for a DataLoader's
+  prefetch hold, as ``tracemalloc`` traces it: the traced bytes after ``PREFETCH`` + ``--steps`` / 10 micro-batches
+  tracked (one ``_batch_consumed()`` per micro-batch after the prefetch) less those of the same micro-batches
+  untracked, and how many points are kept (``PREFETCH`` + 1).
 - Load: CPU and wall seconds of ``load_state_dict()`` of the state after the last pass into a new sampler (the series
   reads each cluster file for its checksum and maps the reshuffled cluster's cache file), and, for the series, with
   the cache files removed first (a restart from a checkpoint older than the last reshuffle: it shuffles each
@@ -53,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -296,6 +301,26 @@ def cpu_per_micro_batch(classes: dict, args, root: str) -> tuple[dict, dict]:
     return median_by_name(seconds), median_by_name(calls)
 
 
+def resume_points_bytes(cls, args, root: str) -> tuple[int, int]:
+    """(bytes, points): the memory the resume points of ``cls`` hold with ``PREFETCH`` micro-batches fetched ahead
+    (traced bytes tracked less untracked, after the same micro-batches) and how many points it keeps."""
+    traced = {}
+    for track in (False, True):
+        sampler = make_sampler(cls, root, f"points-{track}", args.cpu_samples, args.micro_batch,
+                               args.gradient_accumulation)
+        tracemalloc.start()
+        if track:
+            sampler._track_prefetch(PREFETCH)
+        batches = iter(sampler)
+        for step in range(PREFETCH + args.steps // 10):
+            next(batches)
+            if track and step >= PREFETCH:
+                sampler._batch_consumed()
+        traced[track] = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+    return traced[True] - traced[False], len(sampler._prefetched) + 1
+
+
 def median_by_name(values_by_name: dict) -> dict:
     return {name: statistics.median(values) for name, values in values_by_name.items()}
 
@@ -329,6 +354,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="kit-deepspeed-cost-") as root:
         disk = disk_and_state(classes, args, root)
         cpu, calls = ({}, {}) if args.skip_cpu else cpu_per_micro_batch(classes, args, root)
+        tracks = hasattr(classes["series"], "_track_prefetch") and not args.skip_cpu
+        points = resume_points_bytes(classes["series"], args, root) if tracks else None
     order = order_cost(args.order_reshuffles, args.order_samples) if args.order_reshuffles else None
     ratios = {
         name: value / cpu["0.19.8" + (", post_process_func" if "post_process_func" in name else "")]
@@ -341,6 +368,7 @@ def main(argv=None) -> int:
         "cpu_ratio_to_release": ratios,
         "state_dict_cpu_s": calls,
         "order": order,
+        "resume_points": None if points is None else {"bytes": points[0], "points": points[1]},
     }
     print(f"disk under data_cluster_path, {args.samples} samples (bytes after passes {args.passes}; files):")
     for clusters, by_label in disk.items():
@@ -383,6 +411,12 @@ def main(argv=None) -> int:
     print("CPU of one state_dict() call, and of np.random.get_state() (median):")
     for name, value in calls.items():
         print(f"  {name:40} {value * 1e6:8.1f} us   x{value / calls['0.19.8']:.2f}")
+    if points:
+        print(
+            f"resume points with {PREFETCH} micro-batches fetched ahead (global batch "
+            f"{args.micro_batch * args.gradient_accumulation}): {points[1]} points, {points[0]:,} bytes traced, "
+            f"{points[0] / points[1]:,.0f} bytes a point"
+        )
     if args.json:
         args.json.write_text(json.dumps(numbers, indent=1))
     return 0
