@@ -54,6 +54,10 @@ FULL ?=
 # `make flows AT=HEAD~3`: run that commit of each checkout as the series (a first commit of a stack, alone).
 AT ?=
 
+# `make fuzz`: the history search's budget in seconds, and the seed of a search to replay (empty: a new one).
+FUZZ_SECONDS ?= 600
+FUZZ_SEED ?=
+
 # `make pr DRAFT=1` writes the bodies even where they still say `Fixes #<...>` (an issue not filed yet), to read.
 DRAFT ?=
 
@@ -69,10 +73,11 @@ is_no = $(filter 0 no false,$(1))
 not_digits = $(strip $(subst 0,,$(subst 1,,$(subst 2,,$(subst 3,,$(subst 4,,$(subst 5,,$(subst 6,,$(subst 7,,$(subst \
   8,,$(subst 9,,$(1))))))))))))
 is_count = $(and $(filter 1,$(words $(1))),$(if $(call not_digits,$(1)),,yes))
-COUNTS := JOBS GATE_JOBS REPEAT MATRIX_JOBS
+COUNTS := JOBS GATE_JOBS REPEAT MATRIX_JOBS FUZZ_SECONDS
 $(foreach v,$(COUNTS),$(if $(and $(call is_count,$($(v))),$(subst 0,,$($(v)))),,\
   $(error $(v)=$($(v)) is not a positive whole number: use a count, e.g. $(v)=2)))
 $(if $(call is_count,$(LOAD)),,$(error LOAD=$(LOAD) is not a whole number: use a count of busy processes, e.g. LOAD=4))
+$(if $(FUZZ_SEED),$(if $(call is_count,$(FUZZ_SEED)),,$(error FUZZ_SEED=$(FUZZ_SEED) is not a whole number: use the seed a make fuzz printed, e.g. FUZZ_SEED=1)))
 comma := ,
 listed = $(subst $() ,$(comma) ,$(strip $(1)))
 CHOICES_ON := checkouts base series
@@ -84,7 +89,8 @@ $(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES
 # shows them. Given on the command line to targets none of which reads it, a variable gets one warning (issue 33:
 # PYTEST_ARGS was silently ignored by make gate).
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS GATE_CACHE PYTEST_ARGS REPEAT LOAD ON \
-  SCENARIOS SUITE BENCH_ARGS DEPS MATRIX_JOBS ROW SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT
+  SCENARIOS SUITE BENCH_ARGS DEPS MATRIX_JOBS ROW SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT \
+  FUZZ_SECONDS FUZZ_SEED
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
 ABOUT_TOOLS := the venv of the upstreams' style tools
@@ -134,6 +140,10 @@ ABOUT_FULL := 1: every triple of factor levels, not every pair
 READ_BY_FULL := flows
 ABOUT_AT := a commit of each checkout to run as the series (e.g. HEAD~3)
 READ_BY_AT := flows
+ABOUT_FUZZ_SECONDS := the history search's budget in seconds
+READ_BY_FUZZ_SECONDS := fuzz
+ABOUT_FUZZ_SEED := the seed of a history search to replay (default: a new one, printed)
+READ_BY_FUZZ_SEED := fuzz
 ABOUT_DRAFT := 1: write bodies that still say Fixes \#<...>, to read
 READ_BY_DRAFT := pr
 ABOUT_KIT_URL := the kit's public URL in the bodies (default: git remote get-url origin)
@@ -182,7 +192,7 @@ INSTALL = $(call SAY,installing the checkouts editable into $(VENV) and compilin
 	install $(UPSTREAM_ARGS)
 
 .DEFAULT_GOAL := help
-.PHONY: help venv tools upstream apply unapply export test gate flows stress bench lint matrix lock pr clean \
+.PHONY: help venv tools upstream apply unapply export test gate flows fuzz stress bench lint matrix lock pr clean \
 	check-python need-venv lint-ready apply-ready outdated pin
 
 help: ## list the targets and variables
@@ -259,6 +269,10 @@ gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by s
 flows: need-venv ## the flow table: save/restart flows on the release and the series (FULL=1: every triple); build/flows/
 	@$(call SAY,running the flow table (launch logs in build/flows/work/)) $(PY) -m scripts.flows \
 	  $(if $(call is_yes,$(FULL)),--full) $(if $(AT),--at $(call quote,$(AT)))
+
+fuzz: need-venv ## the history search: histories of save/restart steps on the release and the series (FUZZ_SECONDS, FUZZ_SEED); build/histories/
+	@$(call SAY,searching histories (server logs in build/histories/work/)) $(PY) -m scripts.histories \
+	  --seconds $(FUZZ_SECONDS) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
 
 stress: ## SUITE (tests/accelerate) REPEAT times under LOAD busy processes, ON=checkouts|base|series; build/stress/
 	@$(NEED_VENV)

@@ -8,6 +8,8 @@ Pure functions of the records ``scripts/flows/run.py`` collects (no file, no pro
 - ``error``: the restart refuses, with an exception of the upstream's before any batch is read (a clear refusal:
   fine where the release cannot resume the flow either); an ``AttributeError``, ``KeyError``, ``TypeError``,
   ``IndexError``, ``NameError`` or ``UnboundLocalError`` there is a bug, not a refusal: ``crash``;
+- ``warned``: what the restart reads is wrong, and it logged a warning naming what it could not restore (the history
+  search tells it from a silent ``wrong``);
 - ``wrong``: anything else the processes read, said in numbers (batches that differ, samples read twice or never);
 - ``uneven``: the processes read different numbers of batches in one pass: a DDP job hangs in its next collective;
 - ``hang``: a task did not finish in its time; ``crash``: it raised after reading, or its process died.
@@ -20,8 +22,8 @@ every load would pass it), ``fixed`` when the series is ``exact`` and the releas
 
 from collections import Counter
 
-ORDER = ("exact", "error", "wrong", "uneven", "hang", "crash")  # best first
-RANK = {"exact": 0, "error": 1, "wrong": 2, "uneven": 3, "hang": 3, "crash": 3}
+ORDER = ("exact", "error", "warned", "wrong", "uneven", "hang", "crash")  # best first
+RANK = {"exact": 0, "error": 1, "warned": 2, "wrong": 3, "uneven": 4, "hang": 4, "crash": 4}
 BUGS = ("AttributeError", "KeyError", "TypeError", "IndexError", "NameError", "UnboundLocalError")
 
 

@@ -1,0 +1,68 @@
+"""``make fuzz``: search histories of Accelerate jobs for ``--seconds`` and store what it finds.
+
+Prints the histories run, the flows found, the regressions among them and the seed (``--seed`` replays a search:
+the same histories, given the same budget). A found history, shrunk, is added to ``tests/histories/<upstream>.json``
+(``--no-store``: only reported) and to ``build/histories/found.json``. Exits 1 when it found a regression, 2 on a
+usage error or when the servers cannot run.
+"""
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from scripts import ArgumentParser, KitError, launch
+from scripts.histories import search, stored
+from scripts.histories.history import SIDES
+from scripts.histories.servers import Servers
+from scripts.sources import KIT_ROOT
+
+OUT = KIT_ROOT / "build" / "histories"
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="make fuzz", description=__doc__)
+    parser.add_argument("--seconds", type=float, default=600, help="the search's budget (default 600)")
+    parser.add_argument("--seed", type=int, default=None, help="replay the search of this seed (default: a new one)")
+    parser.add_argument("--no-store", action="store_true", help="do not add what it finds to tests/histories/")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"where the report goes (default {OUT})")
+    args = parser.parse_args(argv)
+    upstream = "accelerate"
+    seed = args.seed if args.seed is not None else random.randrange(10**6)
+    known = {sig for entry in stored.load(upstream) for sig in entry.get("signatures", [])}
+    print(f"fuzz: {upstream}: seed {seed}, {args.seconds:.0f} s; {len(known)} kinds of finding already stored "
+          f"(replay: make fuzz FUZZ_SEED={seed} FUZZ_SECONDS={args.seconds:.0f})", flush=True)
+    work = args.out / "work"
+    servers = {}
+    started = time.monotonic()
+    try:
+        with launch.sigterm_as_interrupt():
+            servers = {side: Servers(upstream, work / side) for side in SIDES}
+            result = search.search(servers, work / "checkpoints", args.seconds, seed, set(known),
+                                   say=lambda line: print(line, flush=True))
+    except KitError as e:
+        print(f"error: make fuzz: {e}", file=sys.stderr)
+        return 2
+    finally:
+        for group in servers.values():
+            group.close()
+    cpu = time.process_time()
+    entries = [stored.entry_of(upstream, f["record"], f["findings"], f"make fuzz FUZZ_SEED={seed}, after "
+                                                                     f"{f['after']} histories, {f['seconds']} s")
+               for f in result["found"]]
+    added = [] if args.no_store else stored.add(upstream, entries)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "found.json").write_text(json.dumps({"seed": seed, **result, "entries": entries}, indent=1))
+    for entry in entries:
+        print(f"fuzz: found {entry['id']} ({', '.join(entry['signatures'])}): {entry['words']}")
+    minutes = (time.monotonic() - started) / 60
+    print(f"fuzz: {upstream}: {result['histories']} histories in {minutes:.1f} min "
+          f"({result['histories'] / max(minutes, 1e-9):.1f} a minute), {len(entries)} flows found, "
+          f"{len(entries)} regressions, {len(added)} stored in {stored.path(upstream)}; seed {seed}"
+          f" (controller CPU {cpu:.0f} s)")
+    return 1 if entries else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

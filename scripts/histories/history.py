@@ -1,0 +1,109 @@
+"""Run one history: its steps on the release and on the series, side by side, each beside its uninterrupted model.
+
+A history starts with ``start`` (a configuration: processes, loader kind, workers, seeding, the data of each loader)
+and goes on with steps (``OPERATIONS``). Each side is one server (``servers.py``) whose ranks hold the subject and the
+model job (``tests/histories/<upstream>_job.py``). This module keeps the model's *timeline*: the data steps of the
+uninterrupted job so far. A save remembers how long the timeline was; a restart that loads that save cuts the
+timeline back to it, and the model is rebuilt and replays it, so the subject's next batches are compared with what
+the uninterrupted job reads from the checkpoint on.
+
+The record (``History.record``) is what ``judge.py`` judges and what a stored flow replays (its ``start`` and
+``steps``' ``op`` and ``args``).
+"""
+
+from pathlib import Path
+
+from scripts.histories.servers import Servers
+
+SIDES = ("release", "series")
+DATA_OPS = ("train", "set_epoch", "raise_level")
+OPERATIONS = ("train", "set_epoch", "raise_level", "state_dict", "save", "restart")
+
+
+class History:
+    """One history being run (see the module's docstring). ``servers``: side -> Servers; ``root``: where its
+    checkpoint folders go (a folder per side)."""
+
+    def __init__(self, servers: dict[str, Servers], root: Path, config: dict):
+        self.servers, self.root, self.config = servers, root, config
+        self.nproc = int(config["processes"])
+        self.timeline: list[dict] = []  # the uninterrupted job's data steps: {"op", "args"}
+        self.saved: dict[str, int] = {}  # folder -> the timeline's length at its last save
+        self.saves: list[str] = []  # folders in the order of their last save, oldest first
+        self.stopped = {side: False for side in SIDES}
+        self.record = {"config": config, "steps": []}
+        self._all("reset", {"config": config}, record=False)
+        self.step("restart", {})
+
+    def _all(self, op: str, args: dict, record: bool = True) -> dict:
+        live = [side for side in SIDES if not self.stopped[side]]
+        calls = [("series" if side == "series" else "release", self.nproc, op,
+                  {**args, "root": str(self.root / side)} | ({"config": self.config} if op in ("reset", "restart",
+                                                                                                 "replay") else {}))
+                 for side in live]
+        results = dict(zip(live, self.servers_for(live, calls), strict=True))
+        for side in live:
+            if any("hang" in r or "crash" in r or "error" in r for r in results[side]):
+                self.stopped[side] = True
+        return {side: results.get(side) for side in SIDES}
+
+    def servers_for(self, live, calls):
+        """Each side's call on its own servers, all sent before any is awaited."""
+        sent = []
+        for side, (code, nproc, op, args) in zip(live, calls, strict=True):
+            server = self.servers[side].get(code, nproc)
+            server.send(op, args)
+            sent.append(server)
+        return [server.receive() for server in sent]
+
+    def epoch(self, loader: int) -> int:
+        """The uninterrupted job's epoch of ``loader``: the passes its timeline ended."""
+        return sum(1 for s in self.timeline if s["op"] == "train" and s["args"]["loader"] == loader and s["ended"])
+
+    def open(self, loader: int) -> bool:
+        """True when the uninterrupted job is inside a pass of ``loader`` (read from it since its last pass ended)."""
+        for s in reversed(self.timeline):
+            if s["op"] == "train" and s["args"]["loader"] == loader:
+                return not s["ended"]
+        return False
+
+    def step(self, op: str, args: dict) -> dict:
+        """Run one step on both sides; append it to the record and return it."""
+        if op == "set_epoch":
+            args = {**args, "epoch": self.epoch(args["loader"])}
+        if op == "restart" and self.record["steps"]:  # the model goes back to the checkpoint (or the start)
+            self.timeline = self.timeline[:self.saved[args["folder"]]] if args.get("folder") else []
+            replay = self._all("replay", {"steps": self.timeline}, record=False)
+            for side, results in replay.items():
+                if results is not None and any("crash" in r or "hang" in r for r in results):
+                    raise RuntimeError(f"the {side} model could not replay the timeline: {results}")
+        results = self._all(op, args)
+        step = {"op": op, "args": args, **results}
+        self.record["steps"].append(step)
+        if op in DATA_OPS:
+            ended = False
+            for side in SIDES:  # the release's model first: the same passes on both sides
+                if results[side] is not None and "model" in results[side][0]:
+                    ended = bool(results[side][0]["model"].get("ended"))
+                    break
+            self.timeline.append({"op": op, "args": args, "ended": ended})
+        elif op == "save":
+            self.saved[args["folder"]] = len(self.timeline)
+            self.saves = [f for f in self.saves if f != args["folder"]] + [args["folder"]]
+        return step
+
+    def done(self) -> bool:
+        """True when both sides have stopped (nothing more to compare)."""
+        return all(self.stopped.values())
+
+
+def replay(servers: dict[str, Servers], root: Path, start: dict, steps: list[dict]) -> dict:
+    """Run a stored history (``start``: its configuration; ``steps``: ``{"op", "args"}``) and return its record."""
+    history = History(servers, root, start)
+    for s in steps:
+        if history.done():
+            break
+        if s["op"] == "restart" and s["args"].get("folder") and s["args"]["folder"] not in history.saved:
+            continue
+        history.step(s["op"], s["args"])
+    return history.record

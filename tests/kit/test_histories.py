@@ -1,0 +1,146 @@
+"""The history search's own parts: the judge (a pure function of records), the stored flows, and the search itself,
+which must find and shrink a planted fault.
+
+The search runs here on in-process stand-ins of the job servers (``FakeServers``): a loader of 8 batches a pass per
+process, checkpoint folders as dicts. The series' stand-in carries the fault issue 48 names: a per-process file read
+without checking which save wrote it. The real servers run in ``tests/histories``.
+"""
+
+import json
+
+import pytest
+
+from scripts import KitError
+from scripts.histories import judge, search, stored
+
+
+def _train(subject, model, nproc=1):
+    return [{"subject": {"batches": subject[r], "ended": False}, "model": {"batches": model[r], "ended": False},
+             "effects": {}} for r in range(nproc)]
+
+
+def _record(release_steps, series_steps, ops):
+    return {"config": {}, "steps": [{"op": op, "args": {}, "release": r, "series": s}
+                                    for op, r, s in zip(ops, release_steps, series_steps, strict=True)]}
+
+
+def test_a_train_step_is_exact_wrong_warned_or_uneven():
+    restart = [{"effects": {}}]
+    warned = [{"effects": {}, "warnings": ["the generator's state is missing"]}]
+    same, other = _train([[[0, 1]]], [[[0, 1]]]), _train([[[2, 3]]], [[[0, 1]]])
+    uneven = _train([[[0, 1]], []], [[[0, 1]], [[4, 5]]], nproc=2)
+    record = _record([restart, same], [restart, other], ["restart", "train"])
+    assert [o for o, _ in judge.side_outcomes(record, "series")] == ["exact", "wrong"]
+    assert judge.findings(record)[0]["signature"] == "wrong at train"
+    record = _record([restart, other], [warned, other], ["restart", "train"])
+    assert [o for o, _ in judge.side_outcomes(record, "series")] == ["exact", "warned"]
+    assert judge.findings(record) == []  # the release is silently wrong there: warned is better
+    assert judge.step_outcome({"op": "train"}, uneven, False)[0] == "uneven"
+
+
+def test_a_stopped_side_keeps_the_outcome_that_stopped_it():
+    refused = [{"error": "ValueError: the checkpoint was saved by 2 processes", "effects": {}}]
+    record = _record([refused, None], [[{"effects": {}}], _train([[[9]]], [[[0]]])], ["restart", "train"])
+    assert judge.side_outcomes(record, "release")[1][0] == "error"
+    found = judge.findings(record)
+    assert [f["signature"] for f in found] == ["wrong at train"]  # silently wrong where the release refuses
+    bug = [{"error": "KeyError: 'sampler_iter_state'", "effects": {}}]
+    assert judge.step_outcome({"op": "restart"}, bug, False)[0] == "crash"
+
+
+def test_effects_and_stale_files_count_only_beyond_the_release():
+    def save(workers, stale):
+        return [{"effects": {"workers_started": workers, "sampler_iter": 0, "set_epoch": 0}, "stale": stale}]
+
+    record = _record([save(2, ["random_states_1.pkl"])], [save(2, ["random_states_1.pkl"])], ["save"])
+    assert judge.findings(record) == []
+    record = _record([save(0, ["random_states_1.pkl"])], [save(2, ["random_states_1.pkl", "dl_state_dict_1.bin"])],
+                     ["save"])
+    assert [(f["kind"], f["detail"]) for f in judge.findings(record)] == [
+        ("effects", "DataLoader workers started 2 (the release 0)"),
+        ("stale files", "files of an earlier save left in the folder: dl_state_dict_1.bin")]
+
+
+def test_a_stored_flow_has_a_stable_id_and_reads_in_words(tmp_path):
+    config = {"processes": "2", "loader": "shard", "workers": "0", "seeding": "one-seed", "data": ["shuffled"]}
+    steps = [{"op": "save", "args": {"how": "main-only", "folder": "checkpoint_0"}},
+             {"op": "restart", "args": {"folder": "checkpoint_0"}}]
+    assert stored.history_id("accelerate", config, steps) == stored.history_id("accelerate", dict(config), steps)
+    assert stored.words(config, steps).endswith(
+        "1. save_state(checkpoint_0) on the main process only; 2. crash, restart, load_state(checkpoint_0)")
+    entry = {"id": "x", "config": config, "steps": steps}
+    assert stored.add("accelerate", [entry], tmp_path) == [entry]
+    assert stored.add("accelerate", [entry], tmp_path) == []
+    (tmp_path / "accelerate.json").write_text(json.dumps([{**entry, "status": "known"}]))
+    with pytest.raises(KitError, match="has a status but no reason"):
+        stored.load("accelerate", tmp_path)
+
+
+class FakeServer:
+    """A job server's stand-in (see the module's docstring): ``faulty`` reads each process's own file of a folder
+    whatever save wrote it, as the fault planted in the series does."""
+
+    def __init__(self, nproc, faulty, folders):
+        self.nproc, self.faulty, self.folders = nproc, faulty, folders
+        self.subject = self.model = None
+
+    def send(self, op, args):
+        self.op, self.args = op, args
+
+    def _read(self, positions, k):
+        return [[[p + i] for i in range(min(k, 8 - p))] for p in positions]
+
+    def receive(self):
+        op, args, n = self.op, self.args, self.nproc
+        out = [{"effects": {}} for _ in range(n)]
+        if op == "reset":
+            self.folders.clear()
+        if op in ("reset", "replay"):
+            self.model = [0] * n
+            for step in [s for s in args.get("steps", []) if s["op"] == "train"]:
+                self.model = [min(p + step["args"]["k"], 8) for p in self.model]
+        elif op == "restart":
+            folder = self.folders.get(args.get("folder"), {})
+            self.subject = [folder.get(r, folder.get("shared", 0)) if self.faulty else folder.get("shared", 0)
+                            for r in range(n)] if folder else [0] * n
+        elif op == "save":
+            folder = self.folders.setdefault(args["folder"], {})
+            for r in range(n) if args["how"] == "every" else [0]:
+                folder[r] = self.subject[r]
+            folder["shared"] = self.subject[0]
+        elif op == "train":
+            subject, model = self._read(self.subject, args["k"]), self._read(self.model, args["k"])
+            self.subject = [p + len(b) for p, b in zip(self.subject, subject, strict=True)]
+            self.model = [p + len(b) for p, b in zip(self.model, model, strict=True)]
+            out = [{"subject": {"batches": subject[r], "ended": False}, "model": {"batches": model[r],
+                                                                                  "ended": False}, "effects": {}}
+                   for r in range(n)]
+        return out
+
+
+class FakeServers:
+    def __init__(self, faulty):
+        self.faulty, self.servers, self.folders = faulty, {}, {}
+
+    def get(self, code, nproc):
+        return self.servers.setdefault((code, nproc), FakeServer(nproc, self.faulty, self.folders))
+
+
+def test_the_search_finds_and_shrinks_a_planted_per_process_file_fault(tmp_path):
+    """Issue 48: a per-process file read without checking which save wrote it is found and shrunk to the history
+    that shows it: a save by every process, a save by the main process alone into the same folder, a restart."""
+    found = []
+    for seed in range(3):
+        servers = {"release": FakeServers(faulty=False), "series": FakeServers(faulty=True)}
+        result = search.search(servers, tmp_path, seconds=60, seed=seed, known=set(), say=lambda line: None,
+                               first=True)
+        found += result["found"]
+        if found:
+            break
+    assert found, "the search did not find the planted fault"
+    steps = [s for s in found[0]["record"]["steps"][1:]]
+    ops = [s["op"] for s in steps]
+    saves = [s["args"]["how"] for s in steps if s["op"] == "save"]
+    assert set(saves) == {"every", "main-only"} and ops.count("restart") == 1, ops
+    assert len(steps) <= 6, [(s["op"], s["args"]) for s in steps]
+    assert found[0]["findings"][0]["signature"] in ("uneven at train", "wrong at train")
