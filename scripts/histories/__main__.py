@@ -1,7 +1,7 @@
 """``make fuzz``: search histories of Accelerate jobs for ``--seconds`` and store what it finds.
 
-Prints the histories run, the flows found, the regressions among them and the seed (``--seed`` replays a search:
-the same histories, given the same budget). A found history, shrunk, is added to ``tests/histories/<upstream>.json``
+Prints the histories run, the flows found and the seed (``--seed`` draws a search's histories again, given the
+same stored kinds of finding and a budget that reaches as many rounds). A found history, shrunk, is added to ``tests/histories/<upstream>.json``
 (``--no-store``: only reported) and to ``build/histories/found.json``. Exits 1 when it found a regression, 2 on a
 usage error or when the servers cannot run.
 """
@@ -26,11 +26,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=600, help="the search's budget (default 600)")
     parser.add_argument("--seed", type=int, default=None, help="replay the search of this seed (default: a new one)")
     parser.add_argument("--no-store", action="store_true", help="do not add what it finds to tests/histories/")
+    parser.add_argument("--ignore-stored", action="store_true",
+                        help="search as if nothing were stored: a kind of finding already stored stops it again")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the report goes (default {OUT})")
     args = parser.parse_args(argv)
     upstream = "accelerate"
     seed = args.seed if args.seed is not None else random.randrange(10**6)
-    known = {sig for entry in stored.load(upstream) for sig in entry.get("signatures", [])}
+    known = set() if args.ignore_stored else {sig for entry in stored.load(upstream)
+                                               for sig in entry.get("signatures", [])}
     print(f"fuzz: {upstream}: seed {seed}, {args.seconds:.0f} s; {len(known)} kinds of finding already stored "
           f"(replay: make fuzz FUZZ_SEED={seed} FUZZ_SECONDS={args.seconds:.0f})", flush=True)
     work = args.out / "work"
@@ -58,8 +61,8 @@ def main(argv: list[str]) -> int:
         print(f"fuzz: found {entry['id']} ({', '.join(entry['signatures'])}): {entry['words']}")
     minutes = (time.monotonic() - started) / 60
     print(f"fuzz: {upstream}: {result['histories']} histories in {minutes:.1f} min "
-          f"({result['histories'] / max(minutes, 1e-9):.1f} a minute), {len(entries)} flows found, "
-          f"{len(entries)} regressions, {len(added)} stored in {stored.path(upstream)}; seed {seed}"
+          f"({result['histories'] / max(minutes, 1e-9):.1f} a minute, shrinking's replays included), "
+          f"{len(entries)} regressions found, {len(added)} stored in {stored.path(upstream)}; seed {seed}"
           f" (controller CPU {cpu:.0f} s)")
     return 1 if entries else 0
 

@@ -3,17 +3,18 @@
 A history starts with ``start`` (a configuration: processes, loader kind, workers, seeding, the data of each loader)
 and goes on with steps (``OPERATIONS``). Each side is one server (``servers.py``) whose ranks hold the subject and the
 model job (``tests/histories/<upstream>_job.py``). This module keeps the model's *timeline*: the data steps of the
-uninterrupted job so far. A save remembers how long the timeline was; a restart that loads that save cuts the
-timeline back to it, and the model is rebuilt and replays it, so the subject's next batches are compared with what
+uninterrupted job so far. A save keeps a copy of the timeline; a restart that loads that save puts the timeline
+back to that copy, and the model is rebuilt and replays it, so the subject's next batches are compared with what
 the uninterrupted job reads from the checkpoint on.
 
 The record (``History.record``) is what ``judge.py`` judges and what a stored flow replays (its ``start`` and
 ``steps``' ``op`` and ``args``).
 """
 
+import time
 from pathlib import Path
 
-from scripts.histories.servers import Servers
+from scripts.histories.servers import STEP_TIMEOUT, Servers
 
 SIDES = ("release", "series")
 DATA_OPS = ("train", "set_epoch", "raise_level")
@@ -28,14 +29,16 @@ class History:
         self.servers, self.root, self.config = servers, root, config
         self.nproc = int(config["processes"])
         self.timeline: list[dict] = []  # the uninterrupted job's data steps: {"op", "args"}
-        self.saved: dict[str, int] = {}  # folder -> the timeline's length at its last save
+        self.saved: dict[str, list] = {}  # folder -> the timeline at its last save
         self.saves: list[str] = []  # folders in the order of their last save, oldest first
         self.stopped = {side: False for side in SIDES}
+        self.failed: dict[str, list] = {}  # side -> the results of a reset or replay that failed, for the next step
         self.record = {"config": config, "steps": []}
-        self._all("reset", {"config": config}, record=False)
+        self._all("reset", {"config": config})
         self.step("restart", {})
 
-    def _all(self, op: str, args: dict, record: bool = True) -> dict:
+    def _all(self, op: str, args: dict) -> dict:
+        """Send ``op`` to every side that has not stopped; a side that fails (hangs, crashes, refuses) stops."""
         live = [side for side in SIDES if not self.stopped[side]]
         calls = [("series" if side == "series" else "release", self.nproc, op,
                   {**args, "root": str(self.root / side)} | ({"config": self.config} if op in ("reset", "restart",
@@ -45,16 +48,19 @@ class History:
         for side in live:
             if any("hang" in r or "crash" in r or "error" in r for r in results[side]):
                 self.stopped[side] = True
+                if op in ("reset", "replay"):
+                    self.failed[side] = results[side]
         return {side: results.get(side) for side in SIDES}
 
     def servers_for(self, live, calls):
-        """Each side's call on its own servers, all sent before any is awaited."""
+        """Each side's call on its own servers, all sent before any is awaited, under one deadline."""
         sent = []
         for side, (code, nproc, op, args) in zip(live, calls, strict=True):
             server = self.servers[side].get(code, nproc)
             server.send(op, args)
             sent.append(server)
-        return [server.receive() for server in sent]
+        deadline = time.monotonic() + STEP_TIMEOUT
+        return [server.receive(max(deadline - time.monotonic(), 1.0)) for server in sent]
 
     def epoch(self, loader: int) -> int:
         """The uninterrupted job's epoch of ``loader``: the passes its timeline ended."""
@@ -72,12 +78,11 @@ class History:
         if op == "set_epoch":
             args = {**args, "epoch": self.epoch(args["loader"])}
         if op == "restart" and self.record["steps"]:  # the model goes back to the checkpoint (or the start)
-            self.timeline = self.timeline[:self.saved[args["folder"]]] if args.get("folder") else []
-            replay = self._all("replay", {"steps": self.timeline}, record=False)
-            for side, results in replay.items():
-                if results is not None and any("crash" in r or "hang" in r for r in results):
-                    raise RuntimeError(f"the {side} model could not replay the timeline: {results}")
-        results = self._all(op, args)
+            self.timeline = list(self.saved[args["folder"]]) if args.get("folder") else []
+            self._all("replay", {"steps": self.timeline})
+        failed = self.failed
+        self.failed = {}
+        results = self._all(op, args) | failed  # a side whose reset or replay failed: those results, at this step
         step = {"op": op, "args": args, **results}
         self.record["steps"].append(step)
         if op in DATA_OPS:
@@ -88,7 +93,7 @@ class History:
                     break
             self.timeline.append({"op": op, "args": args, "ended": ended})
         elif op == "save":
-            self.saved[args["folder"]] = len(self.timeline)
+            self.saved[args["folder"]] = list(self.timeline)
             self.saves = [f for f in self.saves if f != args["folder"]] + [args["folder"]]
         return step
 

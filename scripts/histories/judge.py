@@ -2,7 +2,7 @@
 regression.
 
 Pure functions of the record ``scripts/histories/history.py`` writes (no file, no process). A record is
-``{"upstream", "processes", "config", "steps": [...]}``; each step is ``{"op", "args", "release": [...],
+``{"config", "steps": [...]}``; each step is ``{"op", "args", "release": [...],
 "series": [...]}`` with one result per rank (None for a side that had stopped). The outcomes are the flow table's
 (``scripts/flows/judge.py``), per step:
 
@@ -69,7 +69,7 @@ def side_outcomes(record: dict, side: str) -> list[tuple[str, str]]:
     for step in record["steps"]:
         results = step[side]
         if stopped or results is None:
-            out.append(stopped or ("exact", ""))
+            out.append(stopped or ("crash", "no result, and the side had not stopped"))
             continue
         if step["op"] == "restart":
             warned = any(r.get("warnings") for r in results)

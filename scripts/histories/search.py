@@ -103,16 +103,17 @@ def machine(servers: dict, root: Path, known: set, ran: list) -> type:
 ROUND = 10
 
 
-def search(servers: dict, root: Path, seconds: float, seed: int, known: set, say=print, first: bool = False) -> dict:
+def search(servers: dict, root: Path, seconds: float, seed: int, known: set, say=print, first: bool = False,
+           rounds: int | None = None) -> dict:
     """Run histories for about ``seconds`` from ``seed`` (round r of Hypothesis gets seed + r); a failing history is
     shrunk, reported, its signatures added to ``known``, and the search goes on with the next round (``first``: it
-    ends there).
+    ends there; ``rounds``: at most that many rounds).
 
     Returns ``{"histories": n run (shrinking's replays included), "found": [{"record", "findings", "after": the
     histories run by then, shrinking included, "seconds"}], "rounds", "seconds"}``."""
     started, found, ran, round_ = time.monotonic(), [], [], 0
     deadline = started + seconds
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (rounds is None or round_ < rounds):
         test = get_state_machine_test(machine(servers, root, known, ran), settings=settings(
             max_examples=ROUND, stateful_step_count=STEPS, deadline=None, database=None,
             suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],

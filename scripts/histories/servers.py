@@ -33,9 +33,9 @@ class Store:
     def __init__(self):
         import torch.distributed as dist
 
-        self.port = flows_run.free_port()
-        self.store = dist.TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False,
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=STEP_TIMEOUT))
+        self.port = self.store.port  # the kernel's choice: no race with another process for a free port
 
 
 class Server:
@@ -148,14 +148,6 @@ class Servers:
             self.servers[key] = Server(self.store, self.upstream, code, nproc, self.pythonpath[code],
                                        self.work / "logs")
         return self.servers[key]
-
-    def step(self, calls: list[tuple[str, int, str, dict]]) -> list[list[dict]]:
-        """Send each ``(code, nproc, op, args)`` to its server, all at once, then collect every rank's results, in
-        the same order."""
-        servers = [self.get(code, nproc) for code, nproc, _, _ in calls]
-        for server, (_, _, op, args) in zip(servers, calls, strict=True):
-            server.send(op, args)
-        return [server.receive() for server in servers]
 
     def close(self) -> None:
         for server in self.servers.values():
