@@ -1,9 +1,9 @@
 """``make fuzz``: search histories of Accelerate jobs for ``--seconds`` and store what it finds.
 
 Prints the histories run, the flows found and the seed (``--seed`` draws a search's histories again, given the
-same stored kinds of finding and a budget that reaches as many rounds). A found history, shrunk, is added to ``tests/histories/<upstream>.json``
-(``--no-store``: only reported) and to ``build/histories/found.json``. Exits 1 when it found a regression, 2 on a
-usage error or when the servers cannot run.
+same stored kinds of finding and a budget that reaches as many rounds). A found history, shrunk, is added to
+``tests/histories/<upstream>.json`` (``--no-store``: only reported) and to ``build/histories/found.json``. Exits 1
+when it found a regression, 2 on a usage error or when the servers cannot run.
 """
 
 import json
