@@ -98,7 +98,8 @@ def records(out: Path, task: dict, nproc: int) -> list[dict | None]:
     return [json.loads(path.read_text()) if path.exists() else None for path in paths]
 
 
-def _first_on(path: Path, pythonpath: str) -> str:
+def first_on(path: Path, pythonpath: str) -> str:
+    """``pythonpath`` with ``path`` first."""
     return os.pathsep.join(p for p in (str(path), pythonpath) if p)
 
 
@@ -112,9 +113,9 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     work.mkdir(parents=True, exist_ok=True)
     series = os.environ.get("PYTHONPATH", "")
     if at:
-        series = _first_on(tree(name, at, work / "trees", "make flows AT="), series)
+        series = first_on(tree(name, at, work / "trees", "make flows AT="), series)
     release = release_tree(name, work / "trees")
-    pythonpath = {"series": series, "release": _first_on(release, series)}
+    pythonpath = {"series": series, "release": first_on(release, series)}
     out = work / "records"
     out.mkdir(exist_ok=True)
     planned = [t for flow in flows for t in tasks_of(flow, work)]

@@ -1,4 +1,4 @@
-"""``make fuzz``: search histories of Accelerate jobs for ``--seconds`` and store what it finds.
+"""``make fuzz``: search histories of Accelerate and DeepSpeed jobs for ``--seconds`` and store what it finds.
 
 Prints the histories run, the flows found and the seed (``--seed`` draws a search's histories again, given the
 same stored kinds of finding and a budget that reaches as many rounds). A found history, shrunk, is added to
@@ -14,57 +14,71 @@ from pathlib import Path
 
 from scripts import ArgumentParser, KitError, launch
 from scripts.histories import search, stored
-from scripts.histories.history import SIDES
-from scripts.histories.servers import Servers
+from scripts.histories.servers import JOBS, for_sides
 from scripts.sources import KIT_ROOT
 
 OUT = KIT_ROOT / "build" / "histories"
+UPSTREAMS = tuple(JOBS)
+
+
+def fuzz(upstream: str, seconds: float, seed: int, known: set, work: Path) -> dict:
+    """One upstream's search (``search.search``) on servers started for it and ended after it."""
+    servers = {}
+    try:
+        servers = for_sides(upstream, work / upstream)
+        return search.search(upstream, servers, work / upstream / "checkpoints", seconds, seed, known,
+                             say=lambda line: print(f"{line[:6]}{upstream}: {line[6:]}", flush=True))
+    finally:
+        for group in servers.values():
+            group.close()
 
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="make fuzz", description=__doc__)
-    parser.add_argument("--seconds", type=float, default=600, help="the search's budget (default 600)")
+    parser.add_argument("--seconds", type=float, default=600, help="the search's budget, shared by the upstreams "
+                                                                   "(default 600)")
     parser.add_argument("--seed", type=int, default=None, help="replay the search of this seed (default: a new one)")
+    parser.add_argument("--only", choices=UPSTREAMS, action="append", help="this upstream only")
     parser.add_argument("--no-store", action="store_true", help="do not add what it finds to tests/histories/")
     parser.add_argument("--ignore-stored", action="store_true",
                         help="search as if nothing were stored: a kind of finding already stored stops it again")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the report goes (default {OUT})")
     args = parser.parse_args(argv)
-    upstream = "accelerate"
+    upstreams = args.only or list(UPSTREAMS)
     seed = args.seed if args.seed is not None else random.randrange(10**6)
-    known = set() if args.ignore_stored else {sig for entry in stored.load(upstream)
-                                               for sig in entry.get("signatures", [])}
-    print(f"fuzz: {upstream}: seed {seed}, {args.seconds:.0f} s; {len(known)} kinds of finding already stored "
-          f"(replay: make fuzz FUZZ_SEED={seed} FUZZ_SECONDS={args.seconds:.0f})", flush=True)
-    work = args.out / "work"
-    servers = {}
-    started = time.monotonic()
-    try:
-        with launch.sigterm_as_interrupt():
-            servers = {side: Servers(upstream, work / side) for side in SIDES}
-            result = search.search(servers, work / "checkpoints", args.seconds, seed, set(known),
-                                   say=lambda line: print(line, flush=True))
-    except KitError as e:
-        print(f"error: make fuzz: {e}", file=sys.stderr)
-        return 2
-    finally:
-        for group in servers.values():
-            group.close()
-    cpu = time.process_time()
-    entries = [stored.entry_of(upstream, f["record"], f["findings"], f"make fuzz FUZZ_SEED={seed}, after "
-                                                                     f"{f['after']} histories, {f['seconds']} s")
-               for f in result["found"]]
-    added = [] if args.no_store else stored.add(upstream, entries)
+    seconds = args.seconds / len(upstreams)
+    print(f"fuzz: seed {seed}, {args.seconds:.0f} s ({seconds:.0f} s for each of {', '.join(upstreams)}); replay: "
+          f"make fuzz FUZZ_SEED={seed} FUZZ_SECONDS={args.seconds:.0f}", flush=True)
+    report, regressions = {"seed": seed}, 0
+    for upstream in upstreams:
+        known = set() if args.ignore_stored else {sig for entry in stored.load(upstream)
+                                                   for sig in entry.get("signatures", [])}
+        print(f"fuzz: {upstream}: {len(known)} kinds of finding already stored", flush=True)
+        started, cpu = time.monotonic(), time.process_time()
+        try:
+            with launch.sigterm_as_interrupt():
+                result = fuzz(upstream, seconds, seed, set(known), args.out / "work")
+        except KitError as e:
+            print(f"error: make fuzz: {e}", file=sys.stderr)
+            return 2
+        (args.out / f"found-{upstream}.json").parent.mkdir(parents=True, exist_ok=True)
+        (args.out / f"found-{upstream}.json").write_text(json.dumps(result, indent=1))  # before anything can fail
+        entries = [stored.entry_of(upstream, f["record"], f["findings"], f"make fuzz FUZZ_SEED={seed}, after "
+                                                                         f"{f['after']} histories, {f['seconds']} s")
+                   for f in result["found"]]
+        added = [] if args.no_store else stored.add(upstream, entries)
+        report[upstream] = {**result, "entries": entries}
+        for entry in entries:
+            print(f"fuzz: found {entry['id']} ({', '.join(entry['signatures'])}): {entry['words']}")
+        minutes = (time.monotonic() - started) / 60
+        print(f"fuzz: {upstream}: {result['histories']} histories in {minutes:.1f} min "
+              f"({result['histories'] / max(minutes, 1e-9):.1f} a minute, shrinking's replays included), "
+              f"{len(entries)} regressions found, {len(added)} stored in {stored.path(upstream)}; seed {seed} "
+              f"(controller CPU {time.process_time() - cpu:.0f} s)", flush=True)
+        regressions += len(entries)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "found.json").write_text(json.dumps({"seed": seed, **result, "entries": entries}, indent=1))
-    for entry in entries:
-        print(f"fuzz: found {entry['id']} ({', '.join(entry['signatures'])}): {entry['words']}")
-    minutes = (time.monotonic() - started) / 60
-    print(f"fuzz: {upstream}: {result['histories']} histories in {minutes:.1f} min "
-          f"({result['histories'] / max(minutes, 1e-9):.1f} a minute, shrinking's replays included), "
-          f"{len(entries)} regressions found, {len(added)} stored in {stored.path(upstream)}; seed {seed}"
-          f" (controller CPU {cpu:.0f} s)")
-    return 1 if entries else 0
+    (args.out / "found.json").write_text(json.dumps(report, indent=1))
+    return 1 if regressions else 0
 
 
 if __name__ == "__main__":

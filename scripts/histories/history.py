@@ -1,24 +1,24 @@
 """Run one history: its steps on the release and on the series, side by side, each beside its uninterrupted model.
 
-A history starts with ``start`` (a configuration: processes, loader kind, workers, seeding, the data of each loader)
-and goes on with steps (``OPERATIONS``). Each side is one server (``servers.py``) whose ranks hold the subject and the
-model job (``tests/histories/<upstream>_job.py``). This module keeps the model's *timeline*: the data steps of the
-uninterrupted job so far. A save keeps a copy of the timeline; a restart that loads that save puts the timeline
-back to that copy, and the model is rebuilt and replays it, so the subject's next batches are compared with what
-the uninterrupted job reads from the checkpoint on.
+A history starts with a configuration (``processes`` and what the upstream's job script reads) and goes on with
+steps: data steps (``DATA_OPS``: what the uninterrupted job also takes), ``state_dict``, ``save`` and ``restart``.
+Each side is one server (``servers.py``) whose ranks hold the subject and the model job
+(``tests/histories/<upstream>_job.py``). This module keeps the model's *timeline*: the data steps of the
+uninterrupted job so far. A save keeps a copy of the timeline; a restart that loads that save puts the timeline back
+to that copy, and the model is rebuilt and replays it, so the subject's next batches are compared with what the
+uninterrupted job reads from the checkpoint on. DeepSpeed's only data step is ``train``; the Accelerate job also has
+``set_epoch`` (the epoch is the timeline's) and ``raise_level``.
 
-The record (``History.record``) is what ``judge.py`` judges and what a stored flow replays (its ``start`` and
-``steps``' ``op`` and ``args``).
+The record (``History.record``) is what ``judge.py`` judges and what a stored flow replays (its ``config``
+and its ``steps``' ``op`` and ``args``).
 """
 
 import time
 from pathlib import Path
 
-from scripts.histories.servers import STEP_TIMEOUT, Servers
+from scripts.histories.servers import SIDES, STEP_TIMEOUT, Servers
 
-SIDES = ("release", "series")
 DATA_OPS = ("train", "set_epoch", "raise_level")
-OPERATIONS = ("train", "set_epoch", "raise_level", "state_dict", "save", "restart")
 
 
 class History:
@@ -30,6 +30,7 @@ class History:
         self.nproc = int(config["processes"])
         self.timeline: list[dict] = []  # the uninterrupted job's data steps: {"op", "args"}
         self.saved: dict[str, list] = {}  # folder -> the timeline at its last save
+        self.saved_how: dict[str, str] = {}  # folder -> how its last save saved (a restart loads it that way)
         self.saves: list[str] = []  # folders in the order of their last save, oldest first
         self.stopped = {side: False for side in SIDES}
         self.failed: dict[str, list] = {}  # side -> the results of a reset or replay that failed, for the next step
@@ -77,6 +78,8 @@ class History:
         """Run one step on both sides; append it to the record and return it."""
         if op == "set_epoch":
             args = {**args, "epoch": self.epoch(args["loader"])}
+        if op == "restart" and args.get("folder"):
+            args = {**args, "saved_how": self.saved_how[args["folder"]]}
         if op == "restart" and self.record["steps"]:  # the model goes back to the checkpoint (or the start)
             self.timeline = list(self.saved[args["folder"]]) if args.get("folder") else []
             self._all("replay", {"steps": self.timeline})
@@ -94,6 +97,7 @@ class History:
             self.timeline.append({"op": op, "args": args, "ended": ended})
         elif op == "save":
             self.saved[args["folder"]] = list(self.timeline)
+            self.saved_how[args["folder"]] = args["how"]
             self.saves = [f for f in self.saves if f != args["folder"]] + [args["folder"]]
         return step
 

@@ -1,13 +1,14 @@
 """The history search: Hypothesis' stateful testing draws histories of operations, runs each step on both sides, judges
 after every step, and shrinks a history that fails to a minimal one.
 
-The grammar is a ``RuleBasedStateMachine``: ``start`` draws the job's configuration, and each rule is one operation
-of a user's job (``history.OPERATIONS``) with its arguments drawn, under preconditions that keep it a job a user
+The grammar is a ``RuleBasedStateMachine`` per upstream: ``start`` draws the job's configuration, and each rule is
+one operation of a user's job with its arguments drawn, under preconditions that keep it a job a user
 writes (``set_epoch`` at the top of a pass; a restart loads a folder that a save wrote). The invariant after every
 step is ``judge.findings``: a finding whose ``signature`` is not among ``known`` fails the history. Hypothesis then
 shrinks it (fewer steps, smaller arguments), replaying each candidate on the live servers.
 """
 
+import shutil
 import time
 from pathlib import Path
 
@@ -28,13 +29,20 @@ from scripts.histories import judge
 from scripts.histories.history import History
 
 DATA = ("shuffled", "epoch-tagged", "level-tagged", "own-random-batches")
-CONFIGS = st.fixed_dictionaries({
-    "processes": st.sampled_from(["1", "2"]),
-    "loader": st.sampled_from(["shard", "dispatcher"]),
-    "workers": st.sampled_from(["2", "0"]),
-    "seeding": st.sampled_from(["one-seed", "per-process"]),
-    "data": st.lists(st.sampled_from(DATA), min_size=1, max_size=2),
-})
+CONFIGS = {
+    "accelerate": st.fixed_dictionaries({
+        "processes": st.sampled_from(["1", "2"]),
+        "loader": st.sampled_from(["shard", "dispatcher"]),
+        "workers": st.sampled_from(["2", "0"]),
+        "seeding": st.sampled_from(["one-seed", "per-process"]),
+        "data": st.lists(st.sampled_from(DATA), min_size=1, max_size=2),
+    }),
+    "deepspeed": st.fixed_dictionaries({
+        "processes": st.sampled_from(["1", "2"]),
+        "workers": st.sampled_from(["0", "2"]),
+        "clusters": st.sampled_from(["single", "schedule", "two-metrics"]),
+    }),
+}
 STEPS = 14  # steps of a history at most (Hypothesis draws fewer, and shrinks)
 
 
@@ -46,17 +54,33 @@ class Found(AssertionError):
         self.record, self.found = record, found
 
 
-def machine(servers: dict, root: Path, known: set, ran: list) -> type:
-    """The state machine of Accelerate histories on ``servers`` (side -> ``servers.Servers``), its checkpoint folders
-    under ``root``; a finding whose signature is in ``known`` does not fail a history; each history's record is
-    appended to ``ran``."""
+def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> type:
+    """The state machine of ``upstream``'s histories on ``servers`` (side -> ``servers.Servers``), its checkpoint
+    folders under ``root``; a finding whose signature is in ``known`` does not fail a history; each history's record
+    is appended to ``ran``."""
 
     class Histories(RuleBasedStateMachine):
-        @initialize(config=CONFIGS)
+        @initialize(config=CONFIGS[upstream])
         def start(self, config):
+            shutil.rmtree(root / f"h{len(ran) - 1}", ignore_errors=True)  # the history before this one's folders
             self.history = History(servers, root / f"h{len(ran)}", config)
             ran.append(self.history.record)
 
+        @precondition(lambda self: self.history.saves)
+        @rule(older=st.integers(0, 2))
+        def restart(self, older):
+            saves = self.history.saves
+            self.history.step("restart", {"folder": saves[max(len(saves) - 1 - older, 0)]})
+
+        @invariant()
+        def no_regression(self):
+            if not hasattr(self, "history"):
+                return
+            new = [f for f in judge.findings(self.history.record) if f["signature"] not in known]
+            if new:
+                raise Found(self.history.record, new)
+
+    class AccelerateHistories(Histories):
         def _loader(self, index):
             return index % len(self.history.config["data"])
 
@@ -81,21 +105,18 @@ def machine(servers: dict, root: Path, known: set, ran: list) -> type:
         def save(self, how, folder):
             self.history.step("save", {"how": how, "folder": f"checkpoint_{folder}"})
 
-        @precondition(lambda self: self.history.saves)
-        @rule(older=st.integers(0, 2))
-        def restart(self, older):
-            saves = self.history.saves
-            self.history.step("restart", {"folder": saves[max(len(saves) - 1 - older, 0)]})
+    class DeepSpeedHistories(Histories):
+        @rule(k=st.integers(1, 3))
+        def train(self, k):
+            self.history.step("train", {"k": k})
 
-        @invariant()
-        def no_regression(self):
-            if not hasattr(self, "history"):
-                return
-            new = [f for f in judge.findings(self.history.record) if f["signature"] not in known]
-            if new:
-                raise Found(self.history.record, new)
+        @rule(how=st.sampled_from(["engine", "sampler"]), folder=st.integers(0, 2),
+              shape=st.sampled_from(["native", "pr8406", "legacy"]))
+        def save(self, how, folder, shape):
+            args = {"how": how, "folder": f"step_{folder}"}
+            self.history.step("save", args | ({"shape": shape} if how == "sampler" else {}))
 
-    return Histories
+    return {"accelerate": AccelerateHistories, "deepspeed": DeepSpeedHistories}[upstream]
 
 
 # histories a round of Hypothesis draws at most: the budget is checked between rounds, so a search ends at most a
@@ -103,8 +124,8 @@ def machine(servers: dict, root: Path, known: set, ran: list) -> type:
 ROUND = 10
 
 
-def search(servers: dict, root: Path, seconds: float, seed: int, known: set, say=print, first: bool = False,
-           rounds: int | None = None) -> dict:
+def search(upstream: str, servers: dict, root: Path, seconds: float, seed: int, known: set, say=print,
+           first: bool = False, rounds: int | None = None) -> dict:
     """Run histories for about ``seconds`` from ``seed`` (round r of Hypothesis gets seed + r); a failing history is
     shrunk, reported, its signatures added to ``known``, and the search goes on with the next round (``first``: it
     ends there; ``rounds``: at most that many rounds).
@@ -114,7 +135,7 @@ def search(servers: dict, root: Path, seconds: float, seed: int, known: set, say
     started, found, ran, round_ = time.monotonic(), [], [], 0
     deadline = started + seconds
     while time.monotonic() < deadline and (rounds is None or round_ < rounds):
-        test = get_state_machine_test(machine(servers, root, known, ran), settings=settings(
+        test = get_state_machine_test(machine(upstream, servers, root, known, ran), settings=settings(
             max_examples=ROUND, stateful_step_count=STEPS, deadline=None, database=None,
             suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
             report_multiple_bugs=False, print_blob=False))

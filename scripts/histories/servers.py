@@ -22,7 +22,8 @@ from scripts import KitError, launch
 from scripts.flows import run as flows_run
 from scripts.sources import KIT_ROOT
 
-JOBS = {"accelerate": KIT_ROOT / "tests" / "histories" / "accelerate_job.py"}
+JOBS = {name: KIT_ROOT / "tests" / "histories" / f"{name}_job.py" for name in ("accelerate", "deepspeed")}
+SIDES = ("release", "series")
 START_TIMEOUT = 180.0  # seconds a server may take to start (imports, rendezvous)
 STEP_TIMEOUT = float(os.environ.get("HISTORY_STEP_TIMEOUT", "60"))  # seconds one step may take on every rank
 
@@ -41,9 +42,10 @@ class Store:
 class Server:
     """One launch of a job script on one code and process count (see the module's docstring)."""
 
-    def __init__(self, store: Store, upstream: str, code: str, nproc: int, pythonpath: str, logs: Path):
+    def __init__(self, store: Store, upstream: str, code: str, nproc: int, pythonpath: str, logs: Path,
+                 release: Path):
         self.store, self.upstream, self.code, self.nproc = store, upstream, code, nproc
-        self.pythonpath, self.logs = pythonpath, logs
+        self.pythonpath, self.logs, self.release = pythonpath, logs, release
         self.proc, self.generation, self.n, self.log = None, 0, 0, None
 
     @property
@@ -51,7 +53,9 @@ class Server:
         return f"{self.upstream}-{self.code}-x{self.nproc}-{self.generation}"
 
     def start(self) -> None:
-        """Launch the server and wait until every rank has started; raises KitError when it does not."""
+        """Launch the server and wait until every rank has started; raises KitError when it does not, or when a rank
+        imported the upstream from another code than the server's (the release's tree, or anywhere else for the
+        series)."""
         self.generation += 1
         self.n = 0
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
@@ -77,6 +81,12 @@ class Server:
             self.stop()
             raise KitError(f"histories: the {self.code} server of {self.upstream} on {self.nproc} processes did not "
                            f"start; its log {self.log}: {tail}")
+        for key in keys:
+            module = Path(self.store.store.get(key).decode())
+            if module.resolve().is_relative_to(self.release.resolve()) != (self.code == "release"):
+                self.stop()
+                raise KitError(f"histories: the {self.code} server imported {self.upstream} from {module}: check "
+                               f"PYTHONPATH and the editable install of upstream/{self.upstream}")
 
     def tail(self, chars: int = 1500) -> str:
         text = self.log.read_text(errors="replace").strip() if self.log and self.log.exists() else ""
@@ -134,11 +144,12 @@ class Server:
 class Servers:
     """The servers of one search, one per (code, process count), started when first used; ``close()`` ends them."""
 
-    def __init__(self, upstream: str, work: Path):
-        self.upstream, self.work = upstream, work
+    def __init__(self, upstream: str, work: Path, release: Path):
+        """``release``: the directory of the release's tree to put first on ``PYTHONPATH``
+        (``scripts.flows.run.release_tree``)."""
+        self.upstream, self.work, self.release = upstream, work, release
         series = os.environ.get("PYTHONPATH", "")
-        release = flows_run.release_tree(upstream, work / "trees")
-        self.pythonpath = {"series": series, "release": flows_run._first_on(release, series)}
+        self.pythonpath = {"series": series, "release": flows_run.first_on(release, series)}
         self.store = Store()
         self.servers: dict[tuple[str, int], Server] = {}
 
@@ -146,9 +157,16 @@ class Servers:
         key = (code, nproc)
         if key not in self.servers:
             self.servers[key] = Server(self.store, self.upstream, code, nproc, self.pythonpath[code],
-                                       self.work / "logs")
+                                       self.work / "logs", self.release)
         return self.servers[key]
 
     def close(self) -> None:
         for server in self.servers.values():
             server.stop()
+
+
+def for_sides(upstream: str, work: Path) -> dict[str, Servers]:
+    """The servers of each side (``SIDES``) of a search of ``upstream`` under ``work``, the release's tree made once.
+    Raises KitError when there is no checkout of the release (``make apply``)."""
+    release = flows_run.release_tree(upstream, work / "trees")
+    return {side: Servers(upstream, work / side, release) for side in SIDES}

@@ -46,7 +46,9 @@ def history_id(upstream: str, config: dict, steps: list[dict]) -> str:
 
 def entry_of(upstream: str, record: dict, findings: list[dict], found: str) -> dict:
     """A stored flow from a shrunk history's record."""
-    steps = [{"op": s["op"], "args": {k: v for k, v in s["args"].items() if k != "epoch"}} for s in record["steps"]]
+    derived = ("epoch", "saved_how")  # args the history adds itself when it runs a step
+    steps = [{"op": s["op"], "args": {k: v for k, v in s["args"].items() if k not in derived}}
+             for s in record["steps"]]
     steps = steps[1:]  # the first step is the job's start (prepare), which replay makes itself
     return {"id": history_id(upstream, record["config"], steps), "config": record["config"], "steps": steps,
             "words": words(record["config"], steps), "found": found,
@@ -63,19 +65,29 @@ def add(upstream: str, entries: list[dict], store: Path = STORE) -> list[dict]:
     return new
 
 
+def _save_words(a: dict) -> str:
+    if a["how"] in ("every", "main-only"):
+        return f"save_state({a['folder']}) on " + ("every process" if a["how"] == "every" else "the main process only")
+    if a["how"] == "engine":
+        return f"save_checkpoint(tag={a['folder']})"
+    shape = {"native": "", "pr8406": " with 0.19.8's keys and #8406's generator state",
+             "legacy": " as 0.19.8 writes it"}[a.get("shape", "native")]
+    return f"torch.save of the sampler's state_dict() into {a['folder']}{shape}"
+
+
 STEP_WORDS = {
-    "train": lambda a: f"read {a['k']} batches of loader {a['loader']}",
+    "train": lambda a: (f"read {a['k']} batches of loader {a['loader']}" if "loader" in a
+                        else f"train {a['k']} optimizer steps"),
     "set_epoch": lambda a: f"set_epoch(the epoch) on loader {a['loader']}",
     "raise_level": lambda a: "raise the registered curriculum level",
     "state_dict": lambda a: f"state_dict() of loader {a['loader']}",
-    "save": lambda a: (f"save_state({a['folder']}) on " + ("every process" if a["how"] == "every"
-                                                           else "the main process only")),
-    "restart": lambda a: f"crash, restart, load_state({a['folder']})" if a.get("folder") else "crash, start afresh",
+    "save": _save_words,
+    "restart": lambda a: f"crash, restart, load {a['folder']}" if a.get("folder") else "crash, start afresh",
 }
 
 
 def words(config: dict, steps: list[dict]) -> str:
     """A history in the table's words: its configuration, then its steps, numbered."""
-    head = (f"{config['processes']} process(es), {config['loader']}, {config['workers']} workers, "
-            f"{config['seeding']}, loaders: {', '.join(config['data'])}")
+    head = ", ".join(f"{key} {', '.join(value) if isinstance(value, list) else value}"
+                     for key, value in config.items())
     return head + "; " + "; ".join(f"{i + 1}. {STEP_WORDS[s['op']](s['args'])}" for i, s in enumerate(steps))

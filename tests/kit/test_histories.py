@@ -67,7 +67,7 @@ def test_a_stored_flow_has_a_stable_id_and_reads_in_words(tmp_path):
              {"op": "restart", "args": {"folder": "checkpoint_0"}}]
     assert stored.history_id("accelerate", config, steps) == stored.history_id("accelerate", dict(config), steps)
     assert stored.words(config, steps).endswith(
-        "1. save_state(checkpoint_0) on the main process only; 2. crash, restart, load_state(checkpoint_0)")
+        "1. save_state(checkpoint_0) on the main process only; 2. crash, restart, load checkpoint_0")
     entry = {"id": "x", "config": config, "steps": steps}
     assert stored.add("accelerate", [entry], tmp_path) == [entry]
     assert stored.add("accelerate", [entry], tmp_path) == []
@@ -132,7 +132,7 @@ def test_the_search_finds_and_shrinks_a_planted_per_process_file_fault(tmp_path)
     servers = {"release": FakeServers(faulty=False), "series": FakeServers(faulty=True)}
     # seed 170: the round of Hypothesis 6.170.27 that draws the fault first (seeds 0-169 need up to 170 rounds of 10
     # histories, 30 s on a quiet machine); a bounded number of rounds, not seconds, so that a busy machine passes too
-    result = search.search(servers, tmp_path, seconds=3600, seed=170, known=set(), say=lambda line: None,
+    result = search.search("accelerate", servers, tmp_path, seconds=3600, seed=170, known=set(), say=lambda line: None,
                            first=True, rounds=3)
     found = result["found"]
     assert found, "the search did not find the planted fault"

@@ -1,0 +1,122 @@
+"""One rank of the DeepSpeed history search: a curriculum-sampling training job that takes its steps one at a time.
+
+Launched by ``scripts/histories/servers.py`` (``DS_ACCELERATOR=cpu``; 2 ranks under ``torch.distributed.run``, one
+as ``python deepspeed_job.py``) with the code of one side first on ``sys.path``, and served as
+``tests/histories/server.py`` says: the subject and the uninterrupted model, each with its own random states and its
+own ``data_cluster_path``. The job is the flow table's (``tests/flows/deepspeed_job.py``: ``engine_for``, ``train``):
+``deepspeed.initialize(training_data=...)`` with ``DeepSpeedDataSampler`` over 32 samples. Steps:
+
+- ``train`` (data): ``k`` optimizer steps, the sample ids of every micro-batch;
+- ``save``: ``how`` = ``engine`` (``save_checkpoint(tag=folder)``) or ``sampler`` (the sampler's ``state_dict()`` in
+  the user's own file, ``torch.save``), whose ``np_rng_state`` is written in a ``shape``: ``native`` (as the code under
+  test writes it); or 0.19.8's keys with ``pr8406`` (the sampler generator's ``bit_generator.state``, as the open
+  DeepSpeed PR #8406 writes it) or ``legacy`` (numpy's global ``RandomState`` tuple, as 0.19.8 writes it);
+- ``restart``: a new engine on the subject's ``data_cluster_path``, then ``load_checkpoint(tag=folder)`` or
+  ``load_state_dict()`` of the file, with what it logged and raised.
+"""
+
+import logging
+import sys
+from pathlib import Path
+
+import deepspeed
+import numpy as np
+import torch
+from deepspeed.runtime.data_pipeline import constants
+from deepspeed.utils import logger
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root
+from tests.flows import deepspeed_job as flows_job  # noqa: E402
+from tests.histories import server  # noqa: E402
+from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
+
+WARNERS = ("deepspeed",)
+OLDER_KEYS = [getattr(constants, f"CURRICULUM_LEARNING_{name}") for name in (  # what 0.19.8's state_dict() holds
+    "BATCH", "CONSUMED_SAMPLES", "STEP", "CURRENT_DIFFICULTIES", "DATA_CLUSTER_PATHS",
+    "DATA_CLUSTER_CURRENT_POSITION")]
+
+
+class Job:
+    """One training job: its engine, the loader's iterator, and (while the other job runs) its random states."""
+
+    def __init__(self, config, rank, name):
+        self.rank = rank
+        factors = {"clusters": config["clusters"], "workers": config["workers"]}
+        clusters = Path(rank.root) / ("clusters" if name == "subject" else "clusters-model")
+        self.engine, self.loader = flows_job.engine_for(factors, rank.root, clusters)
+        self.batches = None
+
+    def close(self):
+        flows_job.stop(self.loader)
+        flows_job.LOADERS.remove(self.loader)
+        self.engine = self.loader = self.batches = None
+
+    def data_step(self, op, args):
+        if self.batches is None:
+            self.batches = iter(self.loader)
+        return {"batches": flows_job.train(self.engine, self.batches, args["k"]), "ended": False}
+
+
+class Rank(server.Rank):
+    """The DeepSpeed operations of this rank."""
+
+    def checkpoints(self):
+        return Path(self.root) / "checkpoints"
+
+    def sampler_file(self, folder):
+        return self.checkpoints() / folder / f"sampler_rank{self.rank}.pt"
+
+    def save(self, job, how, folder, shape):
+        if how == "engine":
+            job.engine.save_checkpoint(str(self.checkpoints()), tag=folder)
+        else:
+            sampler = job.loader.data_sampler
+            state = sampler.state_dict()
+            if shape != "native":  # the keys 0.19.8 writes, its np_rng_state as the shape says
+                state = {key: state[key] for key in OLDER_KEYS}
+                state[constants.CURRICULUM_LEARNING_NP_RNG_STATE] = (
+                    sampler.np_rng.bit_generator.state if shape == "pr8406" else np.random.get_state())
+            path = self.sampler_file(folder)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"data_sampler": state}, path)
+        self.barrier()
+        return {}
+
+    def restart(self, config, folder, how):
+        job = self.fresh("subject", config)
+        if folder is None:
+            return {}
+
+        def load():
+            if how == "engine":
+                loaded, _ = job.engine.load_checkpoint(str(self.checkpoints()), tag=folder)
+                if loaded is None:
+                    raise FileNotFoundError(f"load_checkpoint() found no checkpoint {folder}")
+            else:
+                state = torch.load(self.sampler_file(folder), map_location="cpu", weights_only=False)
+                job.loader.data_sampler.load_state_dict(state["data_sampler"])
+
+        return server.said_while(load, WARNERS)
+
+    def other(self, op, args):
+        if op == "restart":
+            return self.restart(args["config"], args.get("folder"), args.get("saved_how"))
+        if op == "save":
+            return self.save(self.switch("subject"), args["how"], args["folder"], args.get("shape", "native"))
+        raise ValueError(f"unknown operation {op!r}")
+
+
+def main():
+    logger.setLevel(logging.WARNING)
+    flows_job.without_dynamo_import()
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # Gloo's collectives (tests/flows/deepspeed_job.py)
+    use_forkserver(["torch", "deepspeed", "deepspeed.runtime.dataloader"])
+    deepspeed.init_distributed("gloo")
+    rank = Rank(torch.distributed.get_rank(), torch.distributed.get_world_size(), Job)
+    server.serve(rank, deepspeed.__file__, {})
+    rank.barrier()
+    stop_forkserver()
+
+
+if __name__ == "__main__":
+    main()
