@@ -27,7 +27,7 @@ RANK = {"exact": 0, "error": 1, "warned": 2, "wrong": 3, "uneven": 4, "hang": 4,
 BUGS = ("AttributeError", "KeyError", "TypeError", "IndexError", "NameError", "UnboundLocalError")
 
 
-def _failure(records: list[dict | None], what: str) -> tuple[str, str] | None:
+def failure(records: list[dict | None], what: str) -> tuple[str, str] | None:
     """``(crash | hang, detail)`` when a rank of a part crashed, hung or wrote no record (in that order: a crash is
     what its peers then wait for); None when every rank has a result (or an ``error``)."""
     for kind in ("crash", "hang"):
@@ -46,7 +46,7 @@ def _flat(batches):
     return [i for batch in batches for i in batch]
 
 
-def _compare(expected: list, got: list, what: str) -> str | None:
+def compare(expected: list, got: list, what: str) -> str | None:
     """Numbers of how ``got`` (batches of sample ids) differs from ``expected``; None when equal."""
     if got == expected:
         return None
@@ -91,7 +91,7 @@ def resume_parts(save: list[dict | None], load: list[dict | None], num_samples: 
     ``epoch`` and ``step`` (where the checkpoint was taken), ``at_end``, ``before`` / ``after`` (what the saving run
     read); ``load``: one per restarted process: ``loops`` (its passes), or ``error`` (with ``raised_here``), or
     ``hang`` / ``crash``; None for a process that wrote none."""
-    failed = _failure(save, "the saving run")
+    failed = failure(save, "the saving run")
     if failed:
         return {"the saving run": failed}
     parts = {}
@@ -104,9 +104,9 @@ def resume_parts(save: list[dict | None], load: list[dict | None], num_samples: 
                                              "its checkpoint")
     else:  # to the end of the epoch, or where the record says the saving run ends (it dies there)
         parts["the saving run"] = _wrong("; ".join(filter(None, (
-            _compare(r["truth"][epoch][:r.get("saving_run_ends", len(r["truth"][epoch]))], r["before"] + r["after"],
+            compare(r["truth"][epoch][:r.get("saving_run_ends", len(r["truth"][epoch]))], r["before"] + r["after"],
                      f"the checkpoint changed the saving run on process {i}") for i, r in enumerate(save)))))
-    failed = _failure(load, "the restarted run")
+    failed = failure(load, "the restarted run")
     if failed:
         return {**parts, "the restart": failed}
     if any("error" in record for record in load):
@@ -126,7 +126,7 @@ def resume_parts(save: list[dict | None], load: list[dict | None], num_samples: 
             parts[what] = ("uneven", f"{what}: the processes read {lengths} batches")
         elif len(save) == len(load):
             parts[what] = _wrong("; ".join(filter(None, (
-                _compare(wanted[rank], got[rank], f"{what} on process {rank}") for rank in range(len(load))))))
+                compare(wanted[rank], got[rank], f"{what} on process {rank}") for rank in range(len(load))))))
         else:
             parts[what] = _wrong(_compare_samples(wanted, got, f"{what}, all processes together"))
     return parts
@@ -144,7 +144,7 @@ def worst(parts: dict[str, tuple[str, str]]) -> tuple[str, str]:
 
 def order_outcome(records: list[dict | None]) -> tuple[str, str]:
     """The outcome of one column of an order flow: the stateful loader's epochs against each reference's."""
-    failed = _failure(records, "the run")
+    failed = failure(records, "the run")
     if failed:
         return failed
     problems = []
@@ -161,10 +161,10 @@ def order_outcome(records: list[dict | None]) -> tuple[str, str]:
 def release_order_outcome(records: list[dict | None], release: list[dict | None]) -> tuple[str, str]:
     """The outcome of the series column of a ``release-order`` flow: its uninterrupted ``run`` (batches of sample
     ids, per process) against the release column's."""
-    failed = _failure(records, "the run") or _failure(release, "the release's run")
+    failed = failure(records, "the run") or failure(release, "the release's run")
     if failed:
         return failed
-    problems = [_compare(r["run"], s["run"], f"process {rank} against the release")
+    problems = [compare(r["run"], s["run"], f"process {rank} against the release")
                 for rank, (s, r) in enumerate(zip(records, release, strict=True))]
     return _wrong("; ".join(filter(None, problems)))
 
@@ -178,7 +178,7 @@ def outcome(kind: str, parts: dict, num_samples: int, release: dict | None = Non
         return {"the order": order_outcome(parts["order"])}
     if kind == "release-order":
         if release is None:
-            return {"the order": _failure(parts["order"], "the run") or ("exact", "")}
+            return {"the order": failure(parts["order"], "the run") or ("exact", "")}
         return {"the order": release_order_outcome(parts["order"], release["order"])}
     return resume_parts(parts["save"], parts["load"], num_samples)
 

@@ -41,9 +41,7 @@ class History:
     def _all(self, op: str, args: dict) -> dict:
         """Send ``op`` to every side that has not stopped; a side that fails (hangs, crashes, refuses) stops."""
         live = [side for side in SIDES if not self.stopped[side]]
-        calls = [("series" if side == "series" else "release", self.nproc, op,
-                  {**args, "root": str(self.root / side)} | ({"config": self.config} if op in ("reset", "restart",
-                                                                                                 "replay") else {}))
+        calls = [(side, self.nproc, op, {**args, "root": str(self.root / side), "config": self.config})
                  for side in live]
         results = dict(zip(live, self.servers_for(live, calls), strict=True))
         for side in live:
@@ -112,7 +110,5 @@ def replay(servers: dict[str, Servers], root: Path, start: dict, steps: list[dic
     for s in steps:
         if history.done():
             break
-        if s["op"] == "restart" and s["args"].get("folder") and s["args"]["folder"] not in history.saved:
-            continue
         history.step(s["op"], s["args"])
     return history.record

@@ -21,26 +21,16 @@ keeps the outcome that stopped it), or when the series breaks an invariant the r
 - ``stale files``: a save left files of an earlier save in its folder that the release's folder does not hold.
 """
 
-from scripts.flows.judge import BUGS, RANK, _compare
+from scripts.flows.judge import BUGS, RANK, compare, failure
 
 EFFECT_OPS = ("restart", "state_dict", "save")
 EFFECT_WORDS = {"workers_started": "DataLoader workers started", "sampler_iter": "sampler __iter__ calls",
                 "set_epoch": "dataset set_epoch calls"}
 
 
-def _failed(results: list[dict]) -> tuple[str, str] | None:
-    for kind in ("crash", "hang"):
-        for rank, result in enumerate(results):
-            if kind in result:
-                lines = result[kind].strip().splitlines() or [""]
-                said = [line for line in lines if "Error" in line or "Exception" in line] or lines
-                return kind, f"process {rank}: {said[-1].strip()[:200]}"
-    return None
-
-
 def step_outcome(step: dict, results: list[dict], warned: bool) -> tuple[str, str]:
     """One side's outcome of one step and its detail (``warned``: a restart of this segment logged a warning)."""
-    failed = _failed(results)
+    failed = failure(results, "the step")
     if failed:
         return failed
     if step["op"] == "restart":
@@ -54,7 +44,7 @@ def step_outcome(step: dict, results: list[dict], warned: bool) -> tuple[str, st
     lengths = [len(b) for b in got]
     if len(set(lengths)) > 1:
         return "uneven", f"the processes read {lengths} batches"
-    problems = [_compare(r["model"]["batches"], r["subject"]["batches"], f"process {rank}")
+    problems = [compare(r["model"]["batches"], r["subject"]["batches"], f"process {rank}")
                 for rank, r in enumerate(results)]
     problems = [p for p in problems if p]
     if not problems:

@@ -103,7 +103,6 @@ class Job:
         self.loaders = [self.accelerator.prepare(self._loader(data)) for data in config["data"]]
         self.accelerator.register_for_checkpointing(self.level)
         self.iterators = [None] * len(self.loaders)
-        self.rng = None
 
     def _loader(self, data):
         workers = int(self.config["workers"])
