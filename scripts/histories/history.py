@@ -1,7 +1,8 @@
 """Run one history: its steps on the release and on the series, side by side, each beside its uninterrupted model.
 
 A history starts with a configuration (``processes`` and what the upstream's job script reads) and goes on with
-steps: data steps (``DATA_OPS``: what the uninterrupted job also takes), ``state_dict``, ``save`` and ``restart``.
+steps: data steps (``DATA_OPS``: what the uninterrupted job also takes), ``state_dict``, ``save``, ``keep_last``
+(all but the last k saved folders deleted) and ``restart``.
 Each side is one server (``servers.py``) whose ranks hold the subject and the model job
 (``tests/histories/<upstream>_job.py``). This module keeps the model's *timeline*: the data steps of the
 uninterrupted job so far. A save keeps a copy of the timeline; a restart that loads that save puts the timeline back
@@ -78,6 +79,8 @@ class History:
             args = {**args, "epoch": self.epoch(args["loader"])}
         if op == "restart" and args.get("folder"):
             args = {**args, "saved_how": self.saved_how[args["folder"]]}
+        if op == "keep_last":
+            args = {**args, "folders": self.saves[:-args["k"]]}
         if op == "restart" and self.record["steps"]:  # the model goes back to the checkpoint (or the start)
             self.timeline = list(self.saved[args["folder"]]) if args.get("folder") else []
             self._all("replay", {"steps": self.timeline})
@@ -97,6 +100,10 @@ class History:
             self.saved[args["folder"]] = list(self.timeline)
             self.saved_how[args["folder"]] = args["how"]
             self.saves = [f for f in self.saves if f != args["folder"]] + [args["folder"]]
+        elif op == "keep_last":  # the folders before the last k are deleted
+            for folder in self.saves[:-args["k"]]:
+                del self.saved[folder], self.saved_how[folder]
+            self.saves = self.saves[-args["k"]:]
         return step
 
     def done(self) -> bool:

@@ -67,10 +67,13 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
             ran.append(self.history.record)
 
         @precondition(lambda self: self.history.saves)
-        @rule(older=st.integers(0, 2))
-        def restart(self, older):
+        @rule(older=st.integers(0, 2), iterator_first=st.booleans())
+        def restart(self, older, iterator_first):
             saves = self.history.saves
-            self.history.step("restart", {"folder": saves[max(len(saves) - 1 - older, 0)]})
+            args = {"folder": saves[max(len(saves) - 1 - older, 0)]}
+            # DeepSpeed: the training iterator built before the load, as RepeatingLoader and the pipeline engine do
+            self.history.step("restart", args | ({"iterator_first": True} if iterator_first and upstream ==
+                                                 "deepspeed" else {}))
 
         @invariant()
         def no_regression(self):
@@ -101,7 +104,7 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
         def state_dict(self, loader):
             self.history.step("state_dict", {"loader": self._loader(loader)})
 
-        @rule(how=st.sampled_from(["every", "main-only"]), folder=st.integers(0, 2))
+        @rule(how=st.sampled_from(["every", "main-only", "torch-save"]), folder=st.integers(0, 2))
         def save(self, how, folder):
             self.history.step("save", {"how": how, "folder": f"checkpoint_{folder}"})
 
@@ -115,6 +118,11 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
         def save(self, how, folder, shape):
             args = {"how": how, "folder": f"step_{folder}"}
             self.history.step("save", args | ({"shape": shape} if how == "sampler" else {}))
+
+        @precondition(lambda self: len(self.history.saves) > 2)
+        @rule()
+        def keep_last_2(self):
+            self.history.step("keep_last", {"k": 2})
 
     return {"accelerate": AccelerateHistories, "deepspeed": DeepSpeedHistories}[upstream]
 

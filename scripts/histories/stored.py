@@ -46,7 +46,7 @@ def history_id(upstream: str, config: dict, steps: list[dict]) -> str:
 
 def entry_of(upstream: str, record: dict, findings: list[dict], found: str) -> dict:
     """A stored flow from a shrunk history's record."""
-    derived = ("epoch", "saved_how")  # args the history adds itself when it runs a step
+    derived = ("epoch", "saved_how", "folders")  # args the history adds itself when it runs a step
     steps = [{"op": s["op"], "args": {k: v for k, v in s["args"].items() if k not in derived}}
              for s in record["steps"]]
     steps = steps[1:]  # the first step is the job's start (prepare), which replay makes itself
@@ -68,6 +68,8 @@ def add(upstream: str, entries: list[dict], store: Path = STORE) -> list[dict]:
 def _save_words(a: dict) -> str:
     if a["how"] in ("every", "main-only"):
         return f"save_state({a['folder']}) on " + ("every process" if a["how"] == "every" else "the main process only")
+    if a["how"] == "torch-save":
+        return f"torch.save of every loader's state_dict() into {a['folder']} on every process"
     if a["how"] == "engine":
         return f"save_checkpoint(tag={a['folder']})"
     shape = {"native": "", "pr8406": " with 0.19.8's keys and #8406's generator state",
@@ -82,7 +84,9 @@ STEP_WORDS = {
     "raise_level": lambda a: "raise the registered curriculum level",
     "state_dict": lambda a: f"state_dict() of loader {a['loader']}",
     "save": _save_words,
-    "restart": lambda a: f"crash, restart, load {a['folder']}" if a.get("folder") else "crash, start afresh",
+    "keep_last": lambda a: f"delete all but the last {a['k']} saved folders",
+    "restart": lambda a: (f"crash, restart, {'build the iterator, ' if a.get('iterator_first') else ''}load "
+                          f"{a['folder']}" if a.get("folder") else "crash, start afresh"),
 }
 
 

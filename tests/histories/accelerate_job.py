@@ -5,7 +5,8 @@ accelerate_job.py`` with the environment torch.distributed.run would give it) wi
 ``sys.path``, and served as ``tests/histories/server.py`` says: the subject and the uninterrupted model, each with its
 own random states. The data steps are ``train`` (read k batches of a loader), ``set_epoch`` and ``raise_level`` (the
 curriculum level registered with ``register_for_checkpointing``); the subject's own are ``state_dict``, ``save``
-(``save_state()`` by every process or by the main process alone) and ``restart`` (a new job, then ``load_state()``).
+(``save_state()`` by every process or by the main process alone, or ``torch.save`` of the loaders' states) and
+``restart`` (a new job, then ``load_state()``).
 The user code counted per step is the sampler's ``__iter__`` and the dataset's ``set_epoch`` in this process. This
 script records; ``scripts/histories/judge.py`` judges.
 """
@@ -150,7 +151,8 @@ class Rank(server.Rank):
 
     def save(self, job, how, folder):
         """Checkpoint ``job`` into ``folder``: ``every``: every process ``save_state()``s, ``main-only``: the main
-        process alone (as diffusers' scripts do). Returns the files of the folder that an earlier save wrote."""
+        process alone (as diffusers' scripts do), ``torch-save``: every process ``torch.save()``s its loaders'
+        ``state_dict()`` into a file of its own. Returns the files of the folder that an earlier save wrote."""
         path = Path(self.folder(folder))
 
         def files():
@@ -159,24 +161,37 @@ class Rank(server.Rank):
         self.barrier()
         before = files() if path.exists() else {}
         self.barrier()
-        if how == "every" or self.rank == 0:
+        if how == "torch-save":
+            path.mkdir(parents=True, exist_ok=True)
+            torch.save([loader.state_dict() for loader in job.loaders], path / f"loaders_rank{self.rank}.pt")
+        elif how == "every" or self.rank == 0:
             job.accelerator.save_state(str(path))
         self.barrier()
         after = files()
         stale = sorted(name for name, mtime in after.items() if before.get(name) == mtime)
         return {"stale": stale}
 
-    def restart(self, config, folder):
+    def restart(self, config, folder, how):
         """Crash and restart the subject: a new job of the same configuration (seeded again, as a restarted script
-        is), then ``load_state(folder)`` (None: a fresh start), with what it logged and raised."""
+        is), then ``load_state(folder)``, or each loader's ``load_state_dict()`` of a ``torch-save`` (``torch.load``
+        weights-only), with what it logged and raised; ``folder`` None: a fresh start."""
         job = self.fresh("subject", config)
         if folder is None:
             return {}
-        return server.said_while(lambda: job.accelerator.load_state(self.folder(folder)), WARNERS)
+
+        def load():
+            if how == "torch-save":
+                states = torch.load(Path(self.folder(folder)) / f"loaders_rank{self.rank}.pt", weights_only=True)
+                for loader, state in zip(job.loaders, states, strict=True):
+                    loader.load_state_dict(state)
+            else:
+                job.accelerator.load_state(self.folder(folder))
+
+        return server.said_while(load, WARNERS)
 
     def other(self, op, args):
         if op == "restart":
-            return self.restart(args["config"], args.get("folder"))
+            return self.restart(args["config"], args.get("folder"), args.get("saved_how"))
         job = self.switch("subject")
         if op == "state_dict":
             job.loaders[args["loader"]].state_dict()

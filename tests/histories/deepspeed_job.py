@@ -11,11 +11,14 @@ own ``data_cluster_path``. The job is the flow table's (``tests/flows/deepspeed_
   the user's own file, ``torch.save``), whose ``np_rng_state`` is written in a ``shape``: ``native`` (as the code under
   test writes it); or 0.19.8's keys with ``pr8406`` (the sampler generator's ``bit_generator.state``, as the open
   DeepSpeed PR #8406 writes it) or ``legacy`` (numpy's global ``RandomState`` tuple, as 0.19.8 writes it);
-- ``restart``: a new engine on the subject's ``data_cluster_path``, then ``load_checkpoint(tag=folder)`` or
+- ``keep_last``: the saved folders before the last k deleted (``folders``), as a job that keeps its last k does;
+- ``restart``: a new engine on the subject's ``data_cluster_path`` (``iterator_first``: the training iterator,
+  ``RepeatingLoader``, built before the load, as the pipeline engine does), then ``load_checkpoint(tag=folder)`` or
   ``load_state_dict()`` of the file, with what it logged and raised.
 """
 
 import logging
+import shutil
 import sys
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import deepspeed
 import numpy as np
 import torch
 from deepspeed.runtime.data_pipeline import constants
+from deepspeed.runtime.dataloader import RepeatingLoader
 from deepspeed.utils import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root
@@ -82,10 +86,12 @@ class Rank(server.Rank):
         self.barrier()
         return {}
 
-    def restart(self, config, folder, how):
+    def restart(self, config, folder, how, iterator_first):
         job = self.fresh("subject", config)
         if folder is None:
             return {}
+        if iterator_first:
+            job.batches = RepeatingLoader(job.loader)
 
         def load():
             if how == "engine":
@@ -100,7 +106,13 @@ class Rank(server.Rank):
 
     def other(self, op, args):
         if op == "restart":
-            return self.restart(args["config"], args.get("folder"), args.get("saved_how"))
+            return self.restart(args["config"], args.get("folder"), args.get("saved_how"), args.get("iterator_first"))
+        if op == "keep_last":  # all but the last k saved folders deleted, as a job keeping its last k does
+            if self.rank == 0:
+                for folder in args["folders"]:
+                    shutil.rmtree(self.checkpoints() / folder, ignore_errors=True)
+            self.barrier()
+            return {}
         if op == "save":
             return self.save(self.switch("subject"), args["how"], args["folder"], args.get("shape", "native"))
         raise ValueError(f"unknown operation {op!r}")
