@@ -8,13 +8,16 @@ import contextlib
 import gc
 import importlib
 import json
+import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import re
 import signal
 import socket
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Iterable
 from multiprocessing import connection, resource_tracker
 
@@ -131,3 +134,33 @@ def stop_forkserver() -> None:
     bench's figures). Left to stop by itself after the rank exits, it would be an orphan and take that time with it.
     ``_stop`` is CPython's own way to stop it (its tests use it)."""
     multiprocessing.forkserver._forkserver._stop()
+
+
+def said_while(call, warners: tuple[str, ...]) -> dict:
+    """Run ``call()``; return ``{"warnings": [...]}`` with what it logged at WARNING or above through a logger of
+    ``warners`` (or warned from a file of those packages), and ``error`` when it raised (one line)."""
+    said, error = [], None
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING and record.name.lower().startswith(warners):
+                said.append(record.getMessage()[:300])
+
+    handler = Said()
+    loggers = [logging.getLogger()] + [logging.getLogger(n) for n in logging.root.manager.loggerDict
+                                       if n.lower().startswith(warners) and not logging.getLogger(n).propagate]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                call()
+            except Exception as e:
+                text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch's weights-only message has colours
+                error = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
+    said += [str(w.message)[:300] for w in caught if any(f"/{n}/" in w.filename for n in warners)]
+    return {"warnings": said, **({"error": error} if error else {})}

@@ -89,7 +89,8 @@ def resume_parts(save: list[dict | None], load: list[dict | None], num_samples: 
 
     ``save``: one record per saving process: ``truth`` (the uninterrupted run: epochs of batches of sample ids),
     ``epoch`` and ``step`` (where the checkpoint was taken), ``at_end``, ``before`` / ``after`` (what the saving run
-    read); ``load``: one per restarted process: ``loops`` (its passes), or ``error`` (with ``raised_here``), or
+    read); ``load``: one per restarted process: ``loops`` (its passes) and ``warnings`` (what the load logged; a
+    wrong pass after one is ``warned``), or ``error`` (with ``raised_here``), or
     ``hang`` / ``crash``; None for a process that wrote none."""
     failed = failure(save, "the saving run")
     if failed:
@@ -119,6 +120,7 @@ def resume_parts(save: list[dict | None], load: list[dict | None], num_samples: 
         passes.append(("the next epoch", [r["truth"][epoch + 1] for r in save]))
     if not passes:
         raise ValueError("a save record with nothing after its checkpoint to judge the restart by")
+    warned = any(record.get("warnings") for record in load)
     for index, (what, wanted) in enumerate(passes):
         got = [r["loops"][index] for r in load]
         lengths = [len(batches) for batches in got]
@@ -126,14 +128,18 @@ def resume_parts(save: list[dict | None], load: list[dict | None], num_samples: 
             parts[what] = ("uneven", f"{what}: the processes read {lengths} batches")
         elif len(save) == len(load):
             parts[what] = _wrong("; ".join(filter(None, (
-                compare(wanted[rank], got[rank], f"{what} on process {rank}") for rank in range(len(load))))))
+                compare(wanted[rank], got[rank], f"{what} on process {rank}") for rank in range(len(load))))), warned)
         else:
-            parts[what] = _wrong(_compare_samples(wanted, got, f"{what}, all processes together"))
+            parts[what] = _wrong(_compare_samples(wanted, got, f"{what}, all processes together"), warned)
     return parts
 
 
-def _wrong(detail: str | None) -> tuple[str, str]:
-    return ("wrong", detail) if detail else ("exact", "")
+def _wrong(detail: str | None, warned: bool = False) -> tuple[str, str]:
+    """``exact`` without a detail; else ``wrong``, or ``warned`` when the restart logged a warning (``warnings`` in a
+    load record: what the upstream said it could not restore)."""
+    if not detail:
+        return "exact", ""
+    return ("warned", detail + " (the restart warned: it said so)") if warned else ("wrong", detail)
 
 
 def worst(parts: dict[str, tuple[str, str]]) -> tuple[str, str]:

@@ -26,7 +26,8 @@ def markdown(name: str, rows: list[dict], counts: dict, selection: str, unused: 
     """The report of one upstream's flows: the summary line first, then one row per flow (regressions first), then
     the listed differences that match no regression (``unused``)."""
     lines = [f"# Flow table: {name}", "", summary_line(name, counts), "",
-             f"Flows: {selection}. Outcomes (best first): exact, error (a clear refusal before any batch), wrong, "
+             f"Flows: {selection}. Outcomes (best first): exact, error (a clear refusal before any batch), warned "
+             "(wrong, and the restart logged a warning saying what it could not restore), wrong (silently), "
              "uneven (processes read different numbers of batches: a DDP job hangs), hang, crash. A regression is a "
              "flow the series handles worse than the release; `listed` gives the reason it is known or accepted.", "",
              "| flow | factors | release | series | verdict | listed |", "|---|---|---|---|---|---|"]

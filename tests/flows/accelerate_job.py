@@ -43,10 +43,11 @@ from torch.utils.data import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
 from tests.flows.tasks import run_plan  # noqa: E402
-from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
+from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 32
 BATCH_SIZE = 4
+WARNERS = ("accelerate", "torchdata")  # whose warnings at load say what the restart could not restore
 
 
 class ShardedStream(IterableDataset):
@@ -297,11 +298,8 @@ def load_part(accelerator, factors, folder, rank):
     last_epoch = int(factors["epoch"])
     seed(factors["seeding"], rank)
     loader = prepared(accelerator, factors, restarted=True)
-    try:
-        load(accelerator, factors, loader, folder, rank)
-        failed = None
-    except Exception as e:  # a refusal: recorded, and no process reads a batch
-        failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    said = said_while(lambda: load(accelerator, factors, loader, folder, rank), WARNERS)
+    failed = said.get("error")  # a refusal: recorded, and no process reads a batch
     failures = [None] * accelerator.num_processes
     if accelerator.num_processes > 1:
         dist.all_gather_object(failures, failed)
@@ -318,7 +316,7 @@ def load_part(accelerator, factors, folder, rank):
             loops.append(epoch(loader, factors))
     loops.append(epoch(loader, factors))
     accelerator.free_memory()
-    return {"loops": loops, "epoch": last_epoch}
+    return {"loops": loops, "epoch": last_epoch, "warnings": said["warnings"]}
 
 
 def order_part(accelerator, factors, rank):

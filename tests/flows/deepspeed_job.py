@@ -30,7 +30,6 @@ tasks left. This script records; ``scripts/flows/judge.py`` judges.
 import json
 import logging
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -46,7 +45,7 @@ from deepspeed.utils import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
 from tests.flows.tasks import run_plan  # noqa: E402
-from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
+from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 32
 GLOBAL_MICRO_BATCH = 4  # samples of one micro-batch across the data-parallel ranks (2 ranks: 2 each)
@@ -255,12 +254,8 @@ def load_part(factors, folder):
     k, _ = CHECKPOINTS[factors["clusters"]][factors["checkpoint"]]
     engine, loader = engine_for(factors, folder, Path(folder) / "clusters")
     batches = batches_of(factors, loader) if factors["path"] == "iterator-first" else None
-    try:
-        restore(factors, engine, loader, Path(folder) / "checkpoints", k)
-        failed = None
-    except Exception as e:  # a refusal: recorded, and no rank reads a batch
-        said = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # torch's weights-only message has terminal colours
-        failed = f"{type(e).__name__}: {said.splitlines()[0] if said else ''}"[:300]
+    said = said_while(lambda: restore(factors, engine, loader, Path(folder) / "checkpoints", k), ("deepspeed",))
+    failed = said.get("error")  # a refusal: recorded, and no rank reads a batch
     failures = [failed]
     if world() > 1:
         failures = [None] * world()
@@ -272,7 +267,7 @@ def load_part(factors, folder):
         batches = iter(loader)
     loops = [train(engine, batches, STEPS - (0 if factors["path"] == "module-only" else k))]
     stop(loader)
-    return {"loops": loops}
+    return {"loops": loops, "warnings": said["warnings"]}
 
 
 def run_task(task):
@@ -296,7 +291,7 @@ def stop_loaders():
 
 def main():
     plan = json.loads(Path(sys.argv[1]).read_text())
-    logger.setLevel(logging.ERROR)
+    logger.setLevel(logging.WARNING)  # its warnings at load are recorded (said_while)
     without_dynamo_import()
     # Collectives through torch.distributed's Gloo, as DeepSpeed does where its shared-memory op is not compatible:
     # on Linux that op would be compiled at the first init_distributed (tests/deepspeed/engine_worker.py)

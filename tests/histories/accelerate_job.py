@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root
 from tests.histories import server  # noqa: E402
-from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
+from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 32
 BATCH_SIZE = 4
@@ -187,7 +187,7 @@ class Rank(server.Rank):
             else:
                 job.accelerator.load_state(self.folder(folder))
 
-        return server.said_while(load, WARNERS)
+        return said_while(load, WARNERS)
 
     def other(self, op, args):
         if op == "restart":

@@ -32,7 +32,7 @@ from deepspeed.utils import logger
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root
 from tests.flows import deepspeed_job as flows_job  # noqa: E402
 from tests.histories import server  # noqa: E402
-from tests.rank_worker import stop_forkserver, use_forkserver  # noqa: E402
+from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
 WARNERS = ("deepspeed",)
 OLDER_KEYS = [getattr(constants, f"CURRICULUM_LEARNING_{name}") for name in (  # what 0.19.8's state_dict() holds
@@ -102,7 +102,7 @@ class Rank(server.Rank):
                 state = torch.load(self.sampler_file(folder), map_location="cpu", weights_only=False)
                 job.loader.data_sampler.load_state_dict(state["data_sampler"])
 
-        return server.said_while(load, WARNERS)
+        return said_while(load, WARNERS)
 
     def other(self, op, args):
         if op == "restart":

@@ -16,13 +16,11 @@ worker processes (new processes below the rank, its forkserver aside) and the us
 
 import gc
 import json
-import logging
 import multiprocessing.forkserver
 import os
 import random
 import shutil
 import traceback
-import warnings
 from datetime import timedelta
 
 import numpy as np
@@ -40,36 +38,6 @@ def set_rng_states(states):
     torch.set_rng_state(states[0])
     np.random.set_state(states[1])
     random.setstate(states[2])
-
-
-def said_while(call, warners: tuple[str, ...]) -> dict:
-    """Run ``call()``; return ``{"warnings": [...]}`` with what it logged at WARNING or above through a logger of
-    ``warners`` (or warned from a file of those packages), and ``error`` when it raised (one line)."""
-    said, error = [], None
-
-    class Said(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING and record.name.lower().startswith(warners):
-                said.append(record.getMessage()[:300])
-
-    handler = Said()
-    loggers = [logging.getLogger()] + [logging.getLogger(n) for n in logging.root.manager.loggerDict
-                                       if n.lower().startswith(warners) and not logging.getLogger(n).propagate]
-    for logger in loggers:
-        logger.addHandler(handler)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            try:
-                call()
-            except Exception as e:
-                text = str(e).strip()
-                error = f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"[:300]
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
-    said += [str(w.message)[:300] for w in caught if any(f"/{n}/" in w.filename for n in warners)]
-    return {"warnings": said, **({"error": error} if error else {})}
 
 
 class Rank:
