@@ -40,27 +40,23 @@ class History:
         self.step("restart", {})
 
     def _all(self, op: str, args: dict) -> dict:
-        """Send ``op`` to every side that has not stopped; a side that fails (hangs, crashes, refuses) stops."""
+        """Send ``op`` to every side that has not stopped, each on its own server, all before any is awaited, and
+        collect the results under one deadline; a side that fails (hangs, crashes, refuses) stops."""
         live = [side for side in SIDES if not self.stopped[side]]
-        calls = [(side, self.nproc, op, {**args, "root": str(self.root / side), "config": self.config})
-                 for side in live]
-        results = dict(zip(live, self.servers_for(live, calls), strict=True))
+        sent = []
+        for side in live:
+            server = self.servers[side].get(side, self.nproc)  # the side's code is its name
+            server.send(op, {**args, "root": str(self.root / side), "config": self.config})
+            sent.append(server)
+        deadline = time.monotonic() + STEP_TIMEOUT
+        results = {side: server.receive(max(deadline - time.monotonic(), 1.0))
+                   for side, server in zip(live, sent, strict=True)}
         for side in live:
             if any("hang" in r or "crash" in r or "error" in r for r in results[side]):
                 self.stopped[side] = True
                 if op in ("reset", "replay"):
                     self.failed[side] = results[side]
         return {side: results.get(side) for side in SIDES}
-
-    def servers_for(self, live, calls):
-        """Each side's call on its own servers, all sent before any is awaited, under one deadline."""
-        sent = []
-        for side, (code, nproc, op, args) in zip(live, calls, strict=True):
-            server = self.servers[side].get(code, nproc)
-            server.send(op, args)
-            sent.append(server)
-        deadline = time.monotonic() + STEP_TIMEOUT
-        return [server.receive(max(deadline - time.monotonic(), 1.0)) for server in sent]
 
     def epoch(self, loader: int) -> int:
         """The uninterrupted job's epoch of ``loader``: the passes its timeline ended."""
