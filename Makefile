@@ -51,6 +51,8 @@ DEFAULT ?=
 
 # `make flows FULL=1`: every triple of factor levels, not every pair (README, "The flow table").
 FULL ?=
+# `make flows FLOWS_CACHE=0` (or make test): run every flow's release column, reusing none stored in build/flows-cache/.
+FLOWS_CACHE ?=
 # `make flows AT=HEAD~3`: run that commit of each checkout as the series (a first commit of a stack, alone).
 AT ?=
 
@@ -63,7 +65,7 @@ DRAFT ?=
 
 # Boolean variables take 1, yes or true, or 0, no or false (empty: the default); anything else stops make here,
 # before anything runs (issue 22: DISCARD=0 used to mean yes).
-BOOLEANS := RESIGN DISCARD DEPS DRAFT KEEP_CONFLICT DEFAULT FULL GATE_CACHE
+BOOLEANS := RESIGN DISCARD DEPS DRAFT KEEP_CONFLICT DEFAULT FULL GATE_CACHE FLOWS_CACHE
 $(foreach v,$(BOOLEANS),$(if $(filter-out 1 yes true 0 no false,$($(v))),\
   $(error $(v)=$($(v)) is not a boolean: use 1, yes or true, or 0, no or false)))
 is_yes = $(filter 1 yes true,$(1))
@@ -90,6 +92,7 @@ $(foreach v,ON SOURCE,$(if $(and $(filter 1,$(words $($(v)))),$(filter $(CHOICES
 # PYTEST_ARGS was silently ignored by make gate).
 KNOWN := PYTHON VENV TORCH PIP_OPTS DEEPSPEED_VERSION ACCELERATE_VERSION JOBS GATE_JOBS GATE_CACHE PYTEST_ARGS REPEAT LOAD ON \
   SCENARIOS SUITE BENCH_ARGS DEPS MATRIX_JOBS ROW SOURCE RESIGN DISCARD DRAFT KIT_URL TOOLS KEEP_CONFLICT INDEX_JSON DEFAULT FULL AT \
+  FLOWS_CACHE \
   FUZZ_SECONDS FUZZ_SEED
 ABOUT_PYTHON := the Python 3.11 that makes the venvs
 ABOUT_VENV := the kit's venv
@@ -138,6 +141,8 @@ ABOUT_DISCARD := 1: drop commits in a checkout that patches/ does not hold
 READ_BY_DISCARD := unapply
 ABOUT_FULL := 1: every triple of factor levels, not every pair
 READ_BY_FULL := flows
+ABOUT_FLOWS_CACHE := 0: run the flow table's release columns, reusing none (default: reuse by content)
+READ_BY_FLOWS_CACHE := flows test
 ABOUT_AT := a commit of each checkout to run as the series (e.g. HEAD~3)
 READ_BY_AT := flows
 ABOUT_FUZZ_SECONDS := the history search's budget in seconds
@@ -201,7 +206,7 @@ help: ## list the targets and variables
 	@echo "Variables (make TARGET NAME=value; the value now, what it means, [the targets that read it]):"
 	@$(foreach v,$(KNOWN),printf '  %-36s %s\n' $(call quote,$(v)=$($(v))) \
 	  $(call quote,$(ABOUT_$(v))$(if $(READ_BY_$(v)), [$(READ_BY_$(v))]));)
-	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT, KEEP_CONFLICT, DEFAULT, FULL, GATE_CACHE) take 1, yes or true, or 0, no or false."
+	@echo "Booleans (RESIGN, DISCARD, DEPS, DRAFT, KEEP_CONFLICT, DEFAULT, FULL, GATE_CACHE, FLOWS_CACHE) take 1, yes or true, or 0, no or false."
 
 # A target the kit does not have (make gaet): one line naming the closest one and pointing at make help.
 .DEFAULT:
@@ -258,7 +263,7 @@ need-venv:
 	@$(NEED_VENV)
 
 test: need-venv $(TOOLS_STAMP) ## run the kit's suite (tests/) with pytest-xdist; JUnit XML in build/test/junit.xml
-	@$(LOCK) $(PY) -m pytest -p scripts.pytest_progress --progress-every=30 -n $(JOBS) --dist loadgroup \
+	@FLOWS_CACHE=$(FLOWS_CACHE) $(LOCK) $(PY) -m pytest -p scripts.pytest_progress --progress-every=30 -n $(JOBS) --dist loadgroup \
 	  --junitxml=build/test/junit.xml $(PYTEST_ARGS) tests
 
 gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by side in trees of their own; build/gate/
@@ -268,7 +273,7 @@ gate: ## FAIL_TO_PASS / PASS_TO_PASS: base + test hunks vs the series, side by s
 
 flows: need-venv ## the flow table: save/restart flows on the release and the series (FULL=1: every triple); build/flows/
 	@$(call SAY,running the flow table (launch logs in build/flows/work/)) $(PY) -m scripts.flows \
-	  $(if $(call is_yes,$(FULL)),--full) $(if $(AT),--at $(call quote,$(AT)))
+	  $(if $(call is_yes,$(FULL)),--full) $(if $(AT),--at $(call quote,$(AT))) $(if $(call is_no,$(FLOWS_CACHE)),--no-cache)
 
 fuzz: need-venv ## the history search: histories of save/restart steps on the release and the series (FUZZ_SECONDS, FUZZ_SEED); build/histories/
 	@$(call SAY,searching histories (server logs in build/histories/work/)) $(PY) -m scripts.histories \

@@ -82,10 +82,21 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """After a run on checkouts without the series: which failures are the bugs reproducing, which are not (kept for
+    """How many release sides of the flow table and the stored histories were reused (``tests/flows``,
+    ``tests/histories``). After a run on
+    checkouts without the series: which failures are the bugs reproducing, which are not (kept for
     ``pytest_unconfigure``, which prints it last)."""
     from scripts import plural
 
+    calls = [dict(r.user_properties) for kind in ("passed", "failed") for r in terminalreporter.stats.get(kind, [])
+             if r.when == "call"]
+    for prop, what, unit, units in (("flow_release_reused", "the flow table", "flow", "flows"),
+                                    ("history_release_reused", "the stored histories", "history", "histories")):
+        reused = [props[prop] for props in calls if prop in props]
+        if reused:
+            terminalreporter.write_line(f"{what}: the release side of {sum(map(bool, reused))} of "
+                                        f"{plural(len(reused), unit, units)} reused from build/flows-cache "
+                                        "(FLOWS_CACHE=0 runs them)")
     unapplied = [name for name, line in config.stash.get(CHECKOUTS, {}).items() if "series applied" not in line]
     failed = terminalreporter.stats.get("failed", [])
     if not unapplied or not failed:

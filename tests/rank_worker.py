@@ -164,3 +164,25 @@ def said_while(call, warners: tuple[str, ...]) -> dict:
             logger.removeHandler(handler)
     said += [str(w.message)[:300] for w in caught if any(f"/{n}/" in w.filename for n in warners)]
     return {"warnings": said, **({"error": error} if error else {})}
+
+
+def serve(rank: int, module: str, handle: Callable[[str, dict], dict]) -> None:
+    """Take the controller's operations until it says ``quit`` (``scripts/servers.py``: ``JOB_STORE`` = host:port,
+    ``<JOB_PREFIX>/op/<n>`` in, ``<JOB_PREFIX>/res/<n>/<rank>`` out, JSON both ways); each result is
+    ``handle(op, args)``. ``module``: the upstream's ``__init__.py`` as imported, which the controller checks against
+    the code the server is meant to run."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    host, port = os.environ["JOB_STORE"].rsplit(":", 1)
+    prefix = os.environ["JOB_PREFIX"]
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(hours=4))
+    store.set(f"{prefix}/started/{rank}", module)
+    n = 0
+    while True:
+        message = json.loads(store.get(f"{prefix}/op/{n}"))
+        if message["op"] == "quit":
+            return
+        store.set(f"{prefix}/res/{n}/{rank}", json.dumps(handle(message["op"], message.get("args", {}))))
+        n += 1

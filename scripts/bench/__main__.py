@@ -7,7 +7,7 @@ floor.
 - ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench/upstreams.py);
 - ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench/gate.py); ``profile``
   (``--profile-gate``): where the gate's time goes; ``cold-apply`` (``--cold-apply``): item 5;
-- ``flows`` (``--flows``): ``make test`` with and without the flow table, and ``make flows FULL=1``
+- ``flows`` (``--flows``): ``make test`` without the flow table, cold and after a series edit, and ``make flows``
   (scripts/bench/flows.py).
 
 The sides, the measurement processes and the figures are described in scripts/bench/common.py.
@@ -114,8 +114,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5000, help="timed DeepSpeed sampler micro-batches (default 5000)")
     parser.add_argument("--roundtrips", type=int, default=200, help="state round trips per DeepSpeed process")
     parser.add_argument("--flows", action="store_true",
-                        help="also make test with and without the flow table, and make flows FULL=1 (slow)")
-    parser.add_argument("--flows-repeat", type=int, default=1, help="make test pairs of --flows (default 1)")
+                        help="also make test without the flow table, cold and after a series edit, and make flows "
+                        "cold and warm (slow)")
+    parser.add_argument("--flows-repeat", type=int, default=1, help="make test repetitions of --flows (default 1)")
     parser.add_argument("--gate-repeat", type=int, default=GATE_REPEAT,
                         help=f"gate and floor repetitions (default {GATE_REPEAT})")
     parser.add_argument("--cold-apply", type=int, nargs="?", const=1, default=0, metavar="N",

@@ -29,10 +29,12 @@ def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="make flows", description=__doc__)
     parser.add_argument("--only", choices=sorted(table.KINDS), action="append", help="this upstream only")
     parser.add_argument("--full", action="store_true", help="every triple of levels, not every pair")
-    parser.add_argument("--jobs", type=int, default=2, help="launches side by side")
+    parser.add_argument("--jobs", type=int, default=2, help="job servers at work side by side")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the reports go (default {OUT})")
     parser.add_argument("--at", default="", metavar="REV",
                         help="run this commit of each checkout as the series (e.g. HEAD~3: the first of a stack of 4)")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="run every release column, reusing none from build/flows-cache (FLOWS_CACHE=0)")
     args = parser.parse_args(argv)
     unlisted = 0
     for name in args.only or sorted(table.KINDS):
@@ -41,7 +43,7 @@ def main(argv: list[str]) -> int:
         shutil.rmtree(work, ignore_errors=True)
         started = time.monotonic()
         try:
-            rows = table.judged(name, flows, work, parallel=args.jobs, at=args.at)
+            rows = table.judged(name, flows, work, parallel=args.jobs, at=args.at, reuse=not args.no_cache)
         except KitError as e:
             print(f"error: make flows: {e}", file=sys.stderr)
             return 2
@@ -55,7 +57,8 @@ def main(argv: list[str]) -> int:
         doc = report.document(name, rows, selection, head, unused) | {"series_id": series_id,
                                                                         "uncommitted": uncommitted(name)}
         (args.out / f"{name}.json").write_text(json.dumps(doc, indent=1))
-        print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; {args.out / name}.md)"
+        print(f"{report.summary_line(name, counts)} ({time.monotonic() - started:.0f} s; {report.reuse_line(counts)}; "
+              f"{args.out / name}.md)"
               + (f" [the series at {args.at}]" if args.at else ""))
         unlisted += counts["unlisted_regressions"]
     return 1 if unlisted else 0

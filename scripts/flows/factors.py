@@ -38,8 +38,9 @@ ACCELERATE_ORDER = {
     "workers": ["0", "2"],
     "seeding": ["one-seed", "per-process", "own-generator"],
 }
-# Flows every selection holds first (the covering array is completed around them): the inputs of ../shared/cases and
-# the flows the issues name, in the table's words; the factors they leave out are chosen by the covering array.
+# Flows every selection holds first (the covering array is completed around them): the failing inputs handed to the
+# project (named cNN) and the flows the issues name, in the table's words; the factors they leave out are chosen by
+# the covering array.
 _C46 = {"saver": "main-only", "data": "shuffled", "loader": "shard", "processes": "2-2", "when": "mid-epoch",
         "epoch": "0", "seeding": "one-seed", "probe": "none", "versions": "series"}
 ACCELERATE_RESUME_PRESETS = [

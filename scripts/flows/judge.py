@@ -212,15 +212,18 @@ def listed(flow_factors: dict, entries: list[dict]) -> dict | None:
     return None
 
 
-def table(flows: list[dict], results: dict, num_samples: int, known: list[dict]) -> list[dict]:
-    """One row per flow: its factors, each column's outcome and detail, the verdict, and the list entry that names
-    it (a regression without one fails the suite)."""
+def table(flows: list[dict], results: dict, num_samples: int, known: list[dict], reused: dict | None = None
+          ) -> list[dict]:
+    """One row per flow: its factors, each column's outcome and detail, the verdict, the list entry that names it (a
+    regression without one fails the suite) and ``release_reused``: when the release column's reused records ran
+    (``reused``: {flow id: that time}; '' for a column run now)."""
     rows = []
     for flow in flows:
         release = results[(flow["id"], "release")]
         parts = {"release": outcome(flow["kind"], release, num_samples),
                  "series": outcome(flow["kind"], results[(flow["id"], "series")], num_samples, release)}
-        row = {"id": flow["id"], "kind": flow["kind"], "factors": flow["factors"], "verdict": verdict(**parts)}
+        row = {"id": flow["id"], "kind": flow["kind"], "factors": flow["factors"], "verdict": verdict(**parts),
+               "release_reused": (reused or {}).get(flow["id"], "")}
         for column in ("release", "series"):
             row[column], row[f"{column}_detail"] = worst(parts[column])
             row[f"{column}_parts"] = {part: o for part, (o, _) in parts[column].items()}
@@ -240,7 +243,8 @@ def unused(rows: list[dict], entries: list[dict]) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Counts of one upstream's table: flows run, exact on each column, regressions (listed or not), fixed."""
+    """Counts of one upstream's table: flows run, exact on each column, regressions (listed or not), fixed, release
+    columns reused."""
     return {
         "flows": len(rows),
         "release_exact": sum(r["release"] == "exact" for r in rows),
@@ -248,5 +252,6 @@ def summary(rows: list[dict]) -> dict:
         "regressions": sum(r["verdict"] == "regression" for r in rows),
         "unlisted_regressions": sum(r["verdict"] == "regression" and not r["listed"] for r in rows),
         "fixed": sum(r["verdict"] == "fixed" for r in rows),
+        "release_reused": sum(bool(r.get("release_reused")) for r in rows),
         "outcomes": {c: dict(Counter(r[c] for r in rows)) for c in ("release", "series")},
     }

@@ -13,6 +13,12 @@ def summary_line(name: str, counts: dict) -> str:
             f"{counts['unlisted_regressions']} not), fixed {counts['fixed']}")
 
 
+def reuse_line(counts: dict) -> str:
+    """How many release columns were reused from ``build/flows-cache/`` (``scripts/flows/cache.py``)."""
+    return (f"release columns reused: {counts['release_reused']} of {counts['flows']} (build/flows-cache; "
+            "FLOWS_CACHE=0 runs them)")
+
+
 def _factors(factors: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in factors.items())
 
@@ -25,7 +31,7 @@ def _cell(outcome: str, detail: str) -> str:
 def markdown(name: str, rows: list[dict], counts: dict, selection: str, unused: list[dict] = ()) -> str:
     """The report of one upstream's flows: the summary line first, then one row per flow (regressions first), then
     the listed differences that match no regression (``unused``)."""
-    lines = [f"# Flow table: {name}", "", summary_line(name, counts), "",
+    lines = [f"# Flow table: {name}", "", summary_line(name, counts), "", reuse_line(counts) + ".", "",
              f"Flows: {selection}. Outcomes (best first): exact, error (a clear refusal before any batch), warned "
              "(wrong, and the restart logged a warning saying what it could not restore), wrong (silently), "
              "uneven (processes read different numbers of batches: a DDP job hangs), hang, crash. A regression is a "

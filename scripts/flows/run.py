@@ -6,30 +6,35 @@ except where the flow's ``versions`` factor says ``rollback`` (saved by the seri
 ``upgrade`` (saved by the release, loaded by the series). The release's code is a tree of ``base/<version>`` of the
 kit's checkout (``scripts/worktree.py``), put first on ``PYTHONPATH`` of its launches.
 
-Tasks are run in two phases of launches, each launch one code and one process count: first every ``save`` and
-``order`` task, then every ``load`` task (its checkpoint folder written in the first phase). The launches of a phase
-run side by side. A launch that ends early (a task hung or crashed, see the job scripts) leaves the task it was at
-recorded; its later tasks are launched again.
+Tasks are run in two phases by job servers (``scripts/servers.py``), one per code and process count, each launched
+once for both phases (``parallel`` of them at work at once): first every ``save`` and ``order`` task, then every
+``load`` task (its checkpoint folder written in the first phase); a server takes a phase's tasks as one plan
+(``tests/flows/tasks.py``). A server that ends early (a task hung or crashed, see the job scripts) leaves the task
+it was at recorded; its later tasks go to a new server.
+
+A flow's release column is reused from ``build/flows-cache/`` when what it runs is unchanged (``cache.py``): then
+only the series column of that flow is launched.
 """
 
 import importlib.metadata
 import json
 import os
-import socket
-import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
-from scripts import KitError, launch, worktree
+from scripts import KitError, worktree
+from scripts.flows import cache
 from scripts.git import rev
+from scripts.servers import PRELOAD, START_TIMEOUT, Server, Store
 from scripts.sources import KIT_ROOT as KIT
 
 JOBS = {"accelerate": KIT / "tests" / "flows" / "accelerate_job.py", "deepspeed": KIT / "tests" / "flows" /
         "deepspeed_job.py"}
-# seconds for one launch: start-up, then each task at most TASK_TIMEOUT, which the plan hands to the job (a task that
-# takes longer records a hang and ends its launch); the launch's timeout is only the net below that
-START_TIMEOUT, TASK_TIMEOUT = 120, float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))
-ROUNDS = 12  # launches of one group at most (each after a task that ended its launch)
+# seconds for each task at most, which the plan hands to the job (a task that takes longer records a hang and ends its
+# server); a plan's own timeout (START_TIMEOUT + TASK_TIMEOUT per task) is only the net below that
+TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))
+ROUNDS = 12  # plans of one group at most (each after a task that ended its server)
 
 
 def codes(column: str, versions: str) -> tuple[str, str]:
@@ -103,12 +108,16 @@ def first_on(path: Path, pythonpath: str) -> str:
     return os.pathsep.join(p for p in (str(path), pythonpath) if p)
 
 
-def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, at: str = "") -> dict:
-    """Run ``flows`` of upstream ``name`` in ``work``; return ``{(flow id, column): {part: [rank records]}}``.
-    ``at``: a commit of the checkout to run as the series (default: the upstream as this Python imports it).
+def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, at: str = "",
+        reuse: bool = True, stored: Path | None = None) -> tuple[dict, dict]:
+    """Run ``flows`` of upstream ``name`` in ``work``; return ``({(flow id, column): {part: [rank records]}}``,
+    ``{flow id: when its reused release column ran}``). ``at``: a commit of the checkout to run as the series
+    (default: the upstream as this Python imports it). Release columns are read from ``stored`` (default
+    ``cache.CACHE``) when ``reuse`` and their key is there; every release column run now is stored there when its
+    records allow (``cache.py``).
 
     A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made; OSError
-    when ``work`` cannot be written.
+    when ``work`` or ``stored`` cannot be written.
     """
     work.mkdir(parents=True, exist_ok=True)
     series = os.environ.get("PYTHONPATH", "")
@@ -118,20 +127,45 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     pythonpath = {"series": series, "release": first_on(release, series)}
     out = work / "records"
     out.mkdir(exist_ok=True)
-    planned = [t for flow in flows for t in tasks_of(flow, work)]
-    results = defaultdict(dict)
-    for phase in (1, 2):
-        groups = defaultdict(list)
-        for task_phase, code, nproc, task in planned:
-            if task_phase == phase:
-                groups[(code, nproc)].append(task)
-        _run_phase(name, phase, groups, out, pythonpath, parallel, say)
-        for (code, nproc), tasks in groups.items():
-            for task in tasks:
-                found = records(out, task, nproc)
-                _check_code(name, code, release, found, task)
-                results[(task["flow"], task["column"])][task["part"]] = found
-    return dict(results)
+    version = importlib.metadata.version(name).split("+")[0]
+    stored = stored or cache.CACHE
+    shared = cache.release_inputs(KIT / "upstream" / name, version, JOBS[name], TASK_TIMEOUT)
+    keys = {flow["id"]: cache.key(shared, flow) for flow in flows}
+    results, reused = defaultdict(dict), {}
+    for flow in flows if reuse else ():
+        entry = cache.load(stored, keys[flow["id"]])
+        if entry:
+            results[(flow["id"], "release")], reused[flow["id"]] = entry["parts"], entry["run"]
+    planned = [t for flow in flows for t in tasks_of(flow, work)
+               if not (t[3]["column"] == "release" and t[3]["flow"] in reused)]
+    store, servers = Store(START_TIMEOUT), {}
+
+    def server(code: str, nproc: int) -> Server:
+        if (code, nproc) not in servers:
+            servers[(code, nproc)] = Server(store, JOBS[name], f"{name}-{code}", code, nproc, pythonpath[code],
+                                            work / "logs", release, PRELOAD[name])
+        return servers[(code, nproc)]
+
+    try:
+        for phase in (1, 2):
+            groups = defaultdict(list)
+            for task_phase, code, nproc, task in planned:
+                if task_phase == phase:
+                    groups[(code, nproc)].append(task)
+            _run_phase(name, phase, groups, out, server, parallel, say)
+            for (code, nproc), tasks in groups.items():
+                for task in tasks:
+                    found = records(out, task, nproc)
+                    _check_code(name, code, release, found, task)
+                    results[(task["flow"], task["column"])][task["part"]] = found
+    finally:
+        for each in servers.values():
+            each.stop()
+    for flow in flows:
+        parts = results[(flow["id"], "release")]
+        if flow["id"] not in reused and cache.storable(parts):
+            cache.store(stored, keys[flow["id"]], parts)
+    return dict(results), reused
 
 
 def _check_code(name: str, code: str, release: Path, found: list[dict | None], task: dict) -> None:
@@ -144,49 +178,38 @@ def _check_code(name: str, code: str, release: Path, found: list[dict | None], t
                            f"the {code}'s code: check PYTHONPATH and the editable install of upstream/{name}")
 
 
-def _run_phase(name, phase, groups, out, pythonpath, parallel, say):
-    """Launch every group of one phase side by side, again for the tasks after one that ended a launch."""
+def _run_phase(name, phase, groups, out, server, parallel, say):
+    """Send every group of one phase its tasks as one plan, ``parallel`` servers at work at once (all launched first,
+    to start side by side), and again the tasks after one that ended a server."""
     pending = {key: list(tasks) for key, tasks in groups.items()}
     for round_ in range(ROUNDS):
         pending = {key: tasks for key, tasks in pending.items() if tasks}
         if not pending:
             return
-        jobs, keys, plans = [], list(pending), {}
-        for code, nproc in keys:
-            tag = f"{name}-phase{phase}-{code}-x{nproc}-{round_}"
-            plans[(code, nproc)] = tag
-            plan = out.parent / f"plan-{tag}.json"
-            plan.write_text(json.dumps({"out": str(out), "name": tag, "task_timeout": TASK_TIMEOUT,
-                                        "tasks": pending[(code, nproc)]}))
-            env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
-            env.update(OMP_NUM_THREADS="1", PYTHONPATH=pythonpath[code], DS_ACCELERATOR="cpu")
-            if nproc == 1:  # what torch.distributed.run sets for one process, without its agent (1 s of CPU)
-                env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", GROUP_RANK="0",
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-                command = [sys.executable, str(JOBS[name]), str(plan)]
-            else:
-                command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc_per_node={nproc}", str(JOBS[name]), str(plan)]
-            timeout = START_TIMEOUT + TASK_TIMEOUT * len(pending[(code, nproc)])
-            jobs.append(launch.Job(command, out.parent / "logs" / f"{tag}.log", timeout, cwd=out.parent, env=env))
+        keys = list(pending)
+        for key in keys:
+            if not server(*key).running():
+                server(*key).launch()
         sizes = ", ".join(f"{c} x{n}: {len(pending[(c, n)])} tasks" for c, n in keys)
-        say(f"flows: {name}: phase {phase}, round {round_ + 1}: launching {len(jobs)} ({sizes})")
-        launches = launch.run_all(jobs, parallel)
-        say(f"flows: {name}: " + ", ".join(f"{c} x{n}: {r.seconds:.0f} s, {r.cpu_s or 0:.0f} s CPU"
-                                           for (c, n), r in zip(keys, launches, strict=True)))
-        for key, result in zip(keys, launches, strict=True):
-            started = [out / f"{plans[key]}.rank{rank}.started" for rank in range(key[1])]
-            if not all(path.exists() for path in started):
-                raise KitError(f"flows: the launch of {name}'s {key[0]} on {key[1]} processes ended before its first "
-                               f"task ({'timed out' if result.timed_out else f'exit {result.returncode}'}); its log "
-                               f"{result.log}: {result.tail(400)}")
-            pending[key] = _left(out, pending[key], key[1], result)
+        say(f"flows: {name}: phase {phase}, round {round_ + 1}: {len(keys)} servers ({sizes})")
+        for at in range(0, len(keys), parallel):
+            batch, started = keys[at:at + parallel], time.monotonic()
+            for code, nproc in batch:
+                server(code, nproc).send("plan", {"out": str(out), "task_timeout": TASK_TIMEOUT,
+                                                  "tasks": pending[(code, nproc)]})
+            for key in batch:
+                results = server(*key).receive(START_TIMEOUT + TASK_TIMEOUT * len(pending[key]))
+                ended = next((r for r in results if "done" not in r), None)
+                pending[key] = _left(out, pending[key], key[1], ended)
+            say(f"flows: {name}: " + ", ".join(f"{c} x{n}" for c, n in batch)
+                + f": {time.monotonic() - started:.0f} s")
 
 
-def _left(out, tasks, nproc, result):
-    """The tasks of a launch to launch again: those after the one that ended it. That one is the last task with a
-    ``hang`` or ``crash`` record (it recorded itself on every rank), else the first without a record of every rank
-    (the rest of its ranks are recorded as ``_record_missing`` says)."""
+def _left(out, tasks, nproc, ended):
+    """The tasks of a plan to send again: those after the one that ended its server (``ended``: the result that
+    says how, None when the plan was done). That one is the last task with a ``hang`` or ``crash`` record (it
+    recorded itself on every rank), else the first without a record of every rank (the rest of its ranks are recorded
+    as ``_record_missing`` says)."""
     done = 0
     while done < len(tasks) and all(r is not None for r in records(out, tasks[done], nproc)):
         done += 1
@@ -194,23 +217,15 @@ def _left(out, tasks, nproc, result):
         return []
     if done and any(r and ("hang" in r or "crash" in r) for r in records(out, tasks[done - 1], nproc)):
         return tasks[done:]
-    _record_missing(out, tasks[done], nproc, result)
+    _record_missing(out, tasks[done], nproc, ended or {"crash": "the server ended the plan without a record"})
     return tasks[done + 1:]
 
 
-def free_port() -> int:
-    """A TCP port of the loopback interface that is free now (the kernel's choice)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _record_missing(out, task, nproc, result):
-    """Write a record for every rank of ``task`` that wrote none: ``hang`` when the launch timed out, else ``crash``
-    with the launch's exit status and the tail of its log."""
+def _record_missing(out, task, nproc, ended):
+    """Write a record for every rank of ``task`` that wrote none: the server's result that says how it ended
+    (``hang`` or ``crash``, with the tail of its log); ``runner`` marks it as the runner's, not the job's."""
+    why = {k: v for k, v in ended.items() if k in ("hang", "crash")} or {"crash": f"the server ended: {ended}"}
     for rank in range(nproc):
         path = record_path(out, task, rank)
         if not path.exists():
-            what = ({"hang": f"the launch timed out after {result.seconds:.0f} s"} if result.timed_out else
-                    {"crash": f"no record; the launch exited {result.returncode}: {result.tail(1500)}"})
-            path.write_text(json.dumps(what))
+            path.write_text(json.dumps(why | {"runner": True}))

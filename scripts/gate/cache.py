@@ -21,43 +21,19 @@ the expected ones (a flaky test is run again, not reused); ``--no-cache`` (``GAT
 stores them anew. Judging never depends on whether a result was reused: grading.py reads the same results.
 """
 
-import hashlib
-import json
-import os
-import shutil
-import sys
-import tempfile
 from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
 
 from scripts import sources
+from scripts.cache import files_digest, read, source_files, write
 from scripts.gate.grading import Result
 
 GATE_CODE = sources.KIT_ROOT / "scripts"
 # The gate's own code, relative to GATE_CODE: folders whole, and modules (tests/kit/test_gate_cache.py checks that
 # these hold every scripts module that scripts.gate and the stages' pytest plugins import).
-STAGE_CODE = ("gate", "launch_site", "__init__.py", "checkout.py", "git.py", "launch.py", "outdated.py", "index.py",
-              "pytest_launch.py", "pytest_progress.py", "pytest_regression.py", "runlock.py", "series.py",
+STAGE_CODE = ("gate", "launch_site", "__init__.py", "cache.py", "checkout.py", "git.py", "launch.py", "outdated.py",
+              "index.py", "pytest_launch.py", "pytest_progress.py", "pytest_regression.py", "runlock.py", "series.py",
               "sdist.py", "sources.py", "stack.py", "worktree.py")
-CONSTRAINTS = sources.KIT_ROOT / "requirements" / "constraints.txt"
-ENTRY = "entry.json"
-
-
-def files_digest(paths: list[Path], root: Path) -> str:
-    """sha256 of the files ``paths`` (names relative to ``root``, and contents), in sorted order; a missing file
-    counts as missing. Bytecode caches are never listed by the callers."""
-    digest = hashlib.sha256()
-    for path in sorted(paths):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() if path.is_file() else b"<missing>")
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
-def source_files(folder: Path) -> list[Path]:
-    """Every file under ``folder``, recursively, without ``__pycache__`` folders."""
-    return [p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
 
 
 def gate_code_files() -> list[Path]:
@@ -82,52 +58,22 @@ def suite_digest(suites: Path, name: str) -> str:
     return files_digest(files, root)
 
 
-def environment_inputs() -> dict:
-    """What the stages' Python brings: {"python": version and executable, "torch": its version, "constraints":
-    sha256 of the lock, "distributions": sha256 of every installed distribution's name and version}. The stages run
-    with this interpreter (``sys.executable``), so its distributions are theirs."""
-    names = sorted(f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions())
-    try:
-        torch = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        torch = "not installed"
-    return {"python": f"{sys.version} {sys.executable}", "torch": torch,
-            "constraints": hashlib.sha256(CONSTRAINTS.read_bytes()).hexdigest() if CONSTRAINTS.is_file() else "",
-            "distributions": hashlib.sha256("\n".join(names).encode()).hexdigest()}
-
-
-def key(inputs: dict) -> str:
-    """The key of a stage: sha256 of its ``inputs`` (any JSON-able dict) in canonical JSON."""
-    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-
-
 def load(cache: Path, stage_key: str) -> dict | None:
     """The entry stored under ``stage_key`` in ``cache`` with its results as Result objects and ``log``, the path of
     its stored log; None when there is none or it cannot be read (then the stage runs)."""
-    folder = cache / stage_key
+    entry = read(cache, stage_key)
+    if entry is None:
+        return None
     try:
-        entry = json.loads((folder / ENTRY).read_text())
         entry["results"] = {test: Result(**fields) for test, fields in entry["results"].items()}
-    except (OSError, ValueError, TypeError, KeyError):
+    except (TypeError, KeyError, AttributeError):
         return None
-    if entry.get("key") != stage_key:
-        return None
-    return {**entry, "log": folder / "pytest.log"}
+    return {**entry, "log": cache / stage_key / "pytest.log"}
 
 
 def store(cache: Path, stage_key: str, entry: dict, log: Path) -> Path:
     """Write ``entry`` ({"run", "inputs", "launch", "results": {test: Result}, "records"}) and a copy of ``log``
     under ``cache/<stage_key>/``, replacing an older entry of the key whole; return the entry's folder. Raises
     OSError when the disk refuses."""
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{stage_key[:12]}-", dir=cache))
-    try:
-        doc = {**entry, "key": stage_key, "results": {test: asdict(r) for test, r in entry["results"].items()}}
-        (partial / ENTRY).write_text(json.dumps(doc) + "\n")
-        shutil.copyfile(log, partial / "pytest.log")
-        folder = cache / stage_key
-        shutil.rmtree(folder, ignore_errors=True)
-        os.replace(partial, folder)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return folder
+    doc = {**entry, "results": {test: asdict(r) for test, r in entry["results"].items()}}
+    return write(cache, stage_key, doc, {"pytest.log": log})

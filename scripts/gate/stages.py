@@ -28,6 +28,7 @@ from scripts import (
     stack,
     worktree,
 )
+from scripts import cache as reuse
 from scripts.checkout import BASE_ENV
 from scripts.gate import cache, grading
 from scripts.git import git, rev
@@ -507,7 +508,7 @@ def stage_inputs(up: Upstream, stage: str, args: argparse.Namespace, shared: dic
 def reusable(up: Upstream, stage: str, args: argparse.Namespace, shared: dict) -> tuple[str, dict | None]:
     """(the key of ``up``'s ``stage``, its stored entry or None: the stage runs). With ``args.cache`` off, no entry
     is read."""
-    stage_key = cache.key(stage_inputs(up, stage, args, shared))
+    stage_key = reuse.key(stage_inputs(up, stage, args, shared))
     return stage_key, cache.load(args.cache_dir, stage_key) if args.cache else None
 
 
@@ -519,7 +520,7 @@ def run_stages(ups: list[Upstream], args: argparse.Namespace, run_id: str) -> di
     killed after its stacks are written to its log, and recorded as a problem of its upstreams. Raises KitError when
     a stage that ended wrote no JUnit XML."""
     root = args.suites.resolve().parent
-    shared = {"environment": cache.environment_inputs(), "gate": cache.gate_code_digest()}
+    shared = {"environment": reuse.environment_inputs(), "gate": cache.gate_code_digest()}
     done: dict[str, dict[str, dict]] = {up.pin.name: {} for up in ups}
     keys = {}
     for up in ups:
@@ -657,7 +658,7 @@ def graded(up: Upstream, done: dict, root: Path, suites: Path, out: Path) -> gra
                            "key": done[name]["key"][:12]}
         if done[name]["reused"]:
             stored = os.path.relpath(done[name]["log"].parent, out)
-            g.stages[name] |= {"log": f"{stored}/pytest.log", "junit": f"{stored}/{cache.ENTRY}"}
+            g.stages[name] |= {"log": f"{stored}/pytest.log", "junit": f"{stored}/{reuse.ENTRY}"}
         else:
             g.stages[name] |= {"log": f"{name}/pytest.log", "junit": f"{name}/junit.xml"}
         if kit_stage == name:

@@ -1,9 +1,9 @@
 """One rank of the Accelerate flows: training jobs that save and restart, run as the flow table's factors say.
 
-Run by ``scripts/flows`` as ``python -m torch.distributed.run --standalone --nproc_per_node=N accelerate_job.py PLAN``
-(one process: ``python accelerate_job.py PLAN`` with the environment torch.distributed.run would give it)
-with the code of one side on ``sys.path`` (the release's tree first, or the series as installed). ``PLAN`` is a JSON
-file: ``{"out", "name", "task_timeout", "tasks": [...]}`` (``tests/flows/tasks.py``); each task writes
+Run by ``scripts/flows`` as a job server (``scripts/servers.py``: ``python scripts/ranks.py N accelerate_job.py``, the
+environment torch.distributed.run would give each rank; one process: ``python accelerate_job.py`` with that
+environment) with the code of one side on ``sys.path`` (the release's tree first, or the series as installed). It
+takes plans, ``{"out", "task_timeout", "tasks": [...]}`` (``tests/flows/tasks.py``); each task writes
 ``<out>/<flow>.<column>.<part>.rank<N>.json``. Parts:
 
 - ``save``: the uninterrupted job (``truth``: every epoch to the one after the checkpoint's, as batches of sample
@@ -20,7 +20,6 @@ The restart is a new set of objects in this process (``free_memory``, new loader
 runner launches the tasks left. This script records; ``scripts/flows/judge.py`` judges.
 """
 
-import json
 import os
 import random
 import sys
@@ -42,7 +41,7 @@ from torch.utils.data import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
-from tests.flows.tasks import run_plan  # noqa: E402
+from tests.flows.tasks import serve_plans  # noqa: E402
 from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 32
@@ -348,12 +347,11 @@ def run_task(accelerator, task, rank):
 
 
 def main():
-    plan = json.loads(Path(sys.argv[1]).read_text())
     use_forkserver(["torch", "torchdata.stateful_dataloader", "accelerate"])  # the DataLoader workers start from it
     accelerator = Accelerator(cpu=True)
     rank = accelerator.process_index
-    run_plan(plan, rank, accelerator.num_processes, lambda task: run_task(accelerator, task, rank),
-             accelerator.free_memory)
+    serve_plans(rank, accelerator.num_processes, accelerate.__file__,
+                lambda task: run_task(accelerator, task, rank), accelerator.free_memory)
     accelerator.end_training()
     stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's
 

@@ -1,9 +1,9 @@
 """One rank of the DeepSpeed flows: training jobs with curriculum data sampling that checkpoint, crash and restart.
 
-Run by ``scripts/flows`` as ``python -m torch.distributed.run --standalone --nproc_per_node=N deepspeed_job.py PLAN``
-(one process: ``python deepspeed_job.py PLAN`` with the environment torch.distributed.run would give it)
-(``DS_ACCELERATOR=cpu``) with the code of one side on ``sys.path`` (the release's tree first, or the series as
-installed). ``PLAN`` is a JSON file: ``{"out", "name", "task_timeout", "tasks": [...]}`` (``tests/flows/tasks.py``);
+Run by ``scripts/flows`` as a job server (``scripts/servers.py``: ``python scripts/ranks.py N deepspeed_job.py``, the
+environment torch.distributed.run would give each rank; one process: ``python deepspeed_job.py`` with that
+environment; ``DS_ACCELERATOR=cpu``) with the code of one side on ``sys.path`` (the release's tree first, or the
+series as installed). It takes plans, ``{"out", "task_timeout", "tasks": [...]}`` (``tests/flows/tasks.py``);
 each task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``.
 
 The job: ``deepspeed.initialize(training_data=...)`` over ``NUM_SAMPLES`` samples (sample ``i`` is the tensor
@@ -27,7 +27,6 @@ A task that hangs or crashes is recorded as ``tests/flows/tasks.py`` says, and t
 tasks left. This script records; ``scripts/flows/judge.py`` judges.
 """
 
-import json
 import logging
 import os
 import shutil
@@ -44,7 +43,7 @@ from deepspeed.runtime.dataloader import RepeatingLoader
 from deepspeed.utils import logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
-from tests.flows.tasks import run_plan  # noqa: E402
+from tests.flows.tasks import serve_plans  # noqa: E402
 from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
 NUM_SAMPLES = 32
@@ -221,7 +220,8 @@ def restore(factors, engine, loader, checkpoints, step):
         if tag is None:  # the newest checkpoint on disk
             step = max(int(p.name[len("step"):]) for p in Path(checkpoints).iterdir())
         # "weights-only": torch.load's default since torch 2.6, as DeepSpeed's Fast and Decoupled checkpoint engines
-        # load (../shared/cases/c24); "sampler": weights_only=False, as its default torch checkpoint engine does
+        # load (the input c24 handed to the project); "sampler": weights_only=False, as its default torch checkpoint
+        # engine does
         options = {} if path == "weights-only" else {"weights_only": False}
         state = torch.load(sampler_file(checkpoints, step), map_location="cpu", **options)
         loader.data_sampler.load_state_dict(state["data_sampler"])
@@ -290,20 +290,17 @@ def stop_loaders():
 
 
 def main():
-    plan = json.loads(Path(sys.argv[1]).read_text())
     logger.setLevel(logging.WARNING)  # its warnings at load are recorded (said_while)
     without_dynamo_import()
     # Collectives through torch.distributed's Gloo, as DeepSpeed does where its shared-memory op is not compatible:
     # on Linux that op would be compiled at the first init_distributed (tests/deepspeed/engine_worker.py)
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    workers = any(task["factors"]["workers"] != "0" for task in plan["tasks"])
-    if workers:  # the DataLoader workers start from a forkserver (tests/rank_worker.py says why)
-        use_forkserver(["torch", "deepspeed", "deepspeed.runtime.dataloader"])
+    # the DataLoader workers of the plans with io workers start from a forkserver (tests/rank_worker.py says why)
+    use_forkserver(["torch", "deepspeed", "deepspeed.runtime.dataloader"])
     deepspeed.init_distributed("gloo")
-    run_plan(plan, dist.get_rank(), world(), run_task, stop_loaders)
+    serve_plans(dist.get_rank(), world(), deepspeed.__file__, run_task, stop_loaders)
     barrier()
-    if workers:
-        stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's
+    stop_forkserver()  # it reaps the DataLoader workers it forked: their CPU time counts in this rank's
 
 
 if __name__ == "__main__":

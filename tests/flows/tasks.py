@@ -1,9 +1,11 @@
-"""What the flow table's job scripts share: run a plan's tasks on this rank, each under a watchdog, and record them.
+"""What the flow table's job scripts share: run the plans the runner sends, each task under a watchdog, and record
+them.
 
-A task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``. One that takes longer than the plan's ``task_timeout``
-records ``hang``; one that raises records ``crash``; either ends the rank when it has peers (they may wait in a
-collective it will not join), and the runner (``scripts/flows/run.py``) launches the tasks left. A rank alone goes on
-with its next task after a crash.
+A job script is a server (``scripts/servers.py``) that takes plans, one per phase of the flow table, until the runner
+says ``quit`` (``serve_plans``). A task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``. One that takes longer
+than the plan's ``task_timeout`` records ``hang``; one that raises records ``crash``; either ends the rank when it has
+peers (they may wait in a collective it will not join), and the runner (``scripts/flows/run.py``) sends the tasks left
+to a new server. A rank alone goes on with its next task after a crash.
 """
 
 import contextlib
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from scripts import launch
+from tests.rank_worker import serve
 
 CRASH_EXIT_CODE, HANG_EXIT_CODE = 3, 4
 
@@ -41,16 +44,14 @@ def end(out: str, name: str, rank: int, result: dict, code: int) -> None:
 
 def run_plan(plan: dict, rank: int, world: int, run_task: Callable[[dict], dict],
              after_task: Callable[[], None] = lambda: None) -> None:
-    """Run every task of ``plan`` (``scripts/flows/run.py`` writes it: ``out``, ``name``, ``task_timeout`` in
-    seconds, ``tasks``) on this rank: ``run_task(task)`` returns the record.
+    """Run every task of ``plan`` (``scripts/flows/run.py`` sends it: ``out``, ``task_timeout`` in seconds, ``tasks``)
+    on this rank: ``run_task(task)`` returns the record.
 
-    First marks this rank started (``<out>/<name>.rank<N>.started``: the runner tells a launch that failed at start-up
-    from a task that failed). After each task ``after_task()`` (stop what it left running), then its garbage is
-    collected and what survives moved out of the collector's sight (``gc.freeze``), so that the full collections an
-    upstream makes look only at what the next task makes.
+    After each task ``after_task()`` (stop what it left running), then its garbage is collected and what survives
+    moved out of the collector's sight (``gc.freeze``), so that the full collections an upstream makes look only at
+    what the next task makes.
     """
     out, timeout = plan["out"], plan["task_timeout"]
-    Path(out, f"{plan['name']}.rank{rank}.started").touch()
     gc.freeze()
     for task in plan["tasks"]:
         name = f"{task['flow']}.{task['column']}.{task['part']}"
@@ -69,3 +70,16 @@ def run_plan(plan: dict, rank: int, world: int, run_task: Callable[[dict], dict]
         after_task()
         gc.collect()
         gc.freeze()
+
+
+def serve_plans(rank: int, world: int, module: str, run_task: Callable[[dict], dict],
+                after_task: Callable[[], None] = lambda: None) -> None:
+    """Run the plans the runner sends (``scripts/flows/run.py`` through ``scripts/servers.py``: an operation
+    ``plan`` whose arguments are a plan, see ``run_plan``) until it says ``quit``; each plan's result is ``{"done":
+    true}`` once every task of it is recorded. ``module``: the upstream's ``__init__.py`` as imported, which the
+    runner checks against the code the server is meant to run."""
+    def handle(op: str, plan: dict) -> dict:
+        run_plan(plan, rank, world, run_task, after_task)
+        return {"done": True}
+
+    serve(rank, module, handle)

@@ -3,7 +3,9 @@
 One test per flow. It fails when the flow is a regression (the code under test handles it worse than the release,
 ``scripts/flows/judge.py``) that ``tests/flows/differences.toml`` does not list. The flows of an upstream run once per
 pytest session, in launches shared by its tests (``tests/launched.py``); ``make flows`` writes the same table as a
-report.
+report. A flow's release column is reused from ``build/flows-cache/`` when what it runs is unchanged
+(``scripts/flows/cache.py``; ``FLOWS_CACHE=0`` runs it), which each test records as its ``flow_release_reused``
+property; the session's summary counts them.
 """
 
 import json
@@ -11,7 +13,7 @@ import json
 import pytest
 
 from scripts import flows as table
-from scripts.flows import judge, report
+from scripts.flows import cache, judge, report
 from tests.launched import launch_once
 
 UPSTREAMS = sorted(table.KINDS)
@@ -20,7 +22,7 @@ SELECTION = {name: table.selection(name, full=False) for name in UPSTREAMS}
 
 def _judged(tmp_path_factory, name):
     def run(out_dir):
-        rows = table.judged(name, SELECTION[name], out_dir / "work", say=lambda line: None)
+        rows = table.judged(name, SELECTION[name], out_dir / "work", say=lambda line: None, reuse=cache.reuse_on())
         (out_dir / "rows.json").write_text(json.dumps(rows))
         return judge.summary(rows)
 
@@ -43,7 +45,8 @@ def _params(name):
             for flow in SELECTION[name]]
 
 
-def _check(row):
+def _check(row, record_property):
+    record_property("flow_release_reused", row["release_reused"])
     words = report._factors(row["factors"])
     assert row["verdict"] != "regression" or row["listed"], (
         f"{row['id']} ({words}) is handled worse by the code under test than by the release: release "
@@ -51,13 +54,13 @@ def _check(row):
 
 
 @pytest.mark.parametrize("flow", _params("accelerate"))
-def test_accelerate_flow_is_no_worse_than_the_release(accelerate_rows, flow):
+def test_accelerate_flow_is_no_worse_than_the_release(accelerate_rows, flow, record_property):
     """The flow resumes on the code under test at least as well as on the release (exact or a clear error where
     the release is exact or errs; not uneven, hung or crashed where the release is merely wrong)."""
-    _check(accelerate_rows[flow])
+    _check(accelerate_rows[flow], record_property)
 
 
 @pytest.mark.parametrize("flow", _params("deepspeed"))
-def test_deepspeed_flow_is_no_worse_than_the_release(deepspeed_rows, flow):
+def test_deepspeed_flow_is_no_worse_than_the_release(deepspeed_rows, flow, record_property):
     """As the Accelerate test, for the curriculum sampler through the sampler's state and the engine's checkpoints."""
-    _check(deepspeed_rows[flow])
+    _check(deepspeed_rows[flow], record_property)

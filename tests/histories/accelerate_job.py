@@ -1,7 +1,7 @@
 """One rank of the Accelerate history search: a training job that takes its steps one at a time from the controller.
 
-Launched by ``scripts/histories/servers.py`` (2 processes under ``torch.distributed.run``; one process as ``python
-accelerate_job.py`` with the environment torch.distributed.run would give it) with the code of one side first on
+Launched by ``scripts/histories/servers.py`` (2 processes by ``scripts/ranks.py``; one process as ``python
+accelerate_job.py``; each with the environment torch.distributed.run would give it) with the code of one side first on
 ``sys.path``, and served as ``tests/histories/server.py`` says: the subject and the uninterrupted model, each with its
 own random states. The data steps are ``train`` (read k batches of a loader), ``set_epoch`` and ``raise_level`` (the
 curriculum level registered with ``register_for_checkpointing``); the subject's own are ``state_dict``, ``save``

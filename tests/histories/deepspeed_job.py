@@ -1,7 +1,7 @@
 """One rank of the DeepSpeed history search: a curriculum-sampling training job that takes its steps one at a time.
 
-Launched by ``scripts/histories/servers.py`` (``DS_ACCELERATOR=cpu``; 2 ranks under ``torch.distributed.run``, one
-as ``python deepspeed_job.py``) with the code of one side first on ``sys.path``, and served as
+Launched by ``scripts/histories/servers.py`` (``DS_ACCELERATOR=cpu``; 2 ranks by ``scripts/ranks.py``, one as
+``python deepspeed_job.py``) with the code of one side first on ``sys.path``, and served as
 ``tests/histories/server.py`` says: the subject and the uninterrupted model, each with its own random states and its
 own ``data_cluster_path``. The job is the flow table's (``tests/flows/deepspeed_job.py``: ``engine_for``, ``train``):
 ``deepspeed.initialize(training_data=...)`` with ``DeepSpeedDataSampler`` over 32 samples. Steps:

@@ -2,9 +2,8 @@
 what a step is measured by.
 
 A job server (``tests/histories/<upstream>_job.py``) is launched by ``scripts/histories/servers.py`` and kept alive
-across histories. It reads operations from the controller's ``TCPStore`` (``HISTORY_STORE`` = host:port, keys
-``<HISTORY_PREFIX>/op/<n>``) and writes one result per rank and operation (``<HISTORY_PREFIX>/res/<n>/<rank>``), JSON
-both ways.
+across histories. It reads operations from the controller's ``TCPStore`` and writes one result per rank and
+operation (``scripts/servers.py``, ``tests/rank_worker.py``'s ``serve``).
 
 A rank holds two jobs of the same configuration: the ``subject``, which takes every step of the history (saves,
 ``state_dict()`` calls, crashes and restarts), and the ``model``, the uninterrupted job: it takes only the steps that
@@ -15,19 +14,18 @@ worker processes (new processes below the rank, its forkserver aside) and the us
 """
 
 import gc
-import json
 import multiprocessing.forkserver
 import os
 import random
 import shutil
 import traceback
-from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from scripts import launch
+from tests import rank_worker
 
 
 def rng_states():
@@ -127,18 +125,7 @@ def measured(rank: Rank, op: str, args: dict, calls: dict) -> dict:
 
 
 def serve(rank: Rank, module: str, calls: dict) -> None:
-    """Take the controller's steps until it says ``quit`` (see the module's docstring); ``module``: the upstream's
-    ``__init__.py`` as imported, which the controller checks against the code the server is meant to run."""
-    host, port = os.environ["HISTORY_STORE"].rsplit(":", 1)
-    prefix = os.environ["HISTORY_PREFIX"]
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(hours=4))
-    store.set(f"{prefix}/started/{rank.rank}", module)
-    n = 0
-    while True:
-        message = json.loads(store.get(f"{prefix}/op/{n}"))
-        if message["op"] == "quit":
-            break
-        result = measured(rank, message["op"], message.get("args", {}), calls)
-        store.set(f"{prefix}/res/{n}/{rank.rank}", json.dumps(result))
-        n += 1
+    """Take the controller's steps until it says ``quit`` (``tests/rank_worker.py``'s ``serve``), each ``measured``;
+    ``module``: the upstream's ``__init__.py`` as imported, which the controller checks."""
+    rank_worker.serve(rank.rank, module, lambda op, args: measured(rank, op, args, calls))
     rank.close()

@@ -4,15 +4,20 @@ release and on the code under test beside the uninterrupted model, and judged as
 One test per stored history. It fails when the history is a regression (``scripts/histories/judge.py``: a step the
 code under test handles worse than the release, or an invariant it breaks where the release keeps it) and its entry
 in ``tests/histories/<upstream>.json`` has no ``status``. The histories run once per pytest session, on job servers
-they share (``tests/launched.py``).
+they share (``tests/launched.py``); a history's release side is answered from ``build/flows-cache/`` when what it
+runs is unchanged (``scripts/histories/cache.py``; ``FLOWS_CACHE=0`` runs it), which each test records as its
+``history_release_reused`` property.
 """
 
+import importlib.metadata
 import json
 
 import pytest
 
-from scripts.histories import history, judge, stored
+from scripts.flows.cache import CACHE, reuse_on
+from scripts.histories import cache, judge, stored
 from scripts.histories.servers import for_sides
+from scripts.sources import KIT_ROOT
 from tests.launched import launch_once
 
 UPSTREAMS = ("accelerate", "deepspeed")
@@ -22,15 +27,16 @@ STORED = {name: stored.load(name) for name in UPSTREAMS}
 def _records(tmp_path_factory, name):
     def run(out_dir):
         servers = {}
+        version = importlib.metadata.version(name).split("+")[0]
+        shared = cache.release_inputs(KIT_ROOT / "upstream" / name, version, name)
         try:
             servers = for_sides(name, out_dir)
-            records = {entry["id"]: history.replay(servers, out_dir / "checkpoints" / entry["id"], entry["config"],
-                                                   entry["steps"]) for entry in STORED[name]}
+            records, reused = cache.replay_stored(servers, out_dir, STORED[name], shared, CACHE, reuse_on())
         finally:
             for group in servers.values():
                 group.close()
-        (out_dir / "records.json").write_text(json.dumps(records))
-        return {"histories": len(records)}
+        (out_dir / "records.json").write_text(json.dumps({"records": records, "reused": reused}))
+        return {"histories": len(records), "release_reused": len(reused)}
 
     out_dir = launch_once(tmp_path_factory, f"histories-{name}", run)
     return json.loads((out_dir / "records.json").read_text())
@@ -51,8 +57,9 @@ def _params(name):
             for entry in STORED[name]]
 
 
-def _check(records, entry):
-    found = judge.findings(records[entry["id"]])
+def _check(records, entry, record_property):
+    record_property("history_release_reused", records["reused"].get(entry["id"], ""))
+    found = judge.findings(records["records"][entry["id"]])
     listed = set(entry.get("signatures", [])) if entry.get("status") else set()
     new = [f for f in found if f["signature"] not in listed]
     assert not new, (
@@ -62,12 +69,12 @@ def _check(records, entry):
 
 
 @pytest.mark.parametrize("entry", _params("accelerate"))
-def test_accelerate_history_is_no_worse_than_the_release(accelerate_records, entry):
+def test_accelerate_history_is_no_worse_than_the_release(accelerate_records, entry, record_property):
     """The stored history runs on the code under test at least as well as on the release, at every step."""
-    _check(accelerate_records, entry)
+    _check(accelerate_records, entry, record_property)
 
 
 @pytest.mark.parametrize("entry", _params("deepspeed"))
-def test_deepspeed_history_is_no_worse_than_the_release(deepspeed_records, entry):
+def test_deepspeed_history_is_no_worse_than_the_release(deepspeed_records, entry, record_property):
     """As the Accelerate test, for the curriculum sampler through the engine's checkpoints and the sampler's state."""
-    _check(deepspeed_records, entry)
+    _check(deepspeed_records, entry, record_property)

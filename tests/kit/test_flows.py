@@ -11,7 +11,7 @@ import pytest
 
 from scripts import KitError
 from scripts import flows as table
-from scripts.flows import factors, judge, report, run
+from scripts.flows import cache, factors, judge, report, run
 
 N = 8  # samples of the synthetic records below
 
@@ -186,7 +186,9 @@ DataLoaderShard.load_state_dict = _broken_load_state_dict
 def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_path, monkeypatch):
     """Flows on one process: a "series" that drops every loaded dataloader state (the release's tree with
     ``DataLoaderShard.load_state_dict`` replaced) makes the release's exact resumes regressions; the release in the
-    series' place makes none."""
+    series' place makes none. The second run reuses the release columns the first stored (``cache.py``), and judges
+    them as the first did; with an input of their key changed, a third runs them again."""
+    monkeypatch.setattr(cache, "CACHE", tmp_path / "flows-cache")
     one = {"saver": "torch-save", "loader": "shard", "processes": "1-1", "when": "mid-epoch", "epoch": "0",
            "workers": "0", "seeding": "one-seed", "training": "no-rng", "probe": "none", "versions": "series"}
     chosen = [("resume", {**one, "data": "sequential"}), ("resume", {**one, "data": "shuffled", "workers": "2"}),
@@ -208,6 +210,13 @@ def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_
     assert [row["verdict"] for row in rows["release"]] == ["same"] * 3, json.dumps(rows["release"], indent=1)
     assert [(row["release"], row["release_detail"]) for row in rows["release"]] == [
         (row["series"], row["series_detail"]) for row in rows["release"]]
+    assert not any(row["release_reused"] for row in rows["broken"])
+    assert all(row["release_reused"] for row in rows["release"]), json.dumps(rows["release"], indent=1)
+    assert [(row["release"], row["release_detail"]) for row in rows["release"]] == [
+        (row["release"], row["release_detail"]) for row in rows["broken"]]
+    monkeypatch.setattr(run, "TASK_TIMEOUT", run.TASK_TIMEOUT + 1)  # an input of the key: the columns run again
+    again = table.judged("accelerate", flows, tmp_path / "again", say=lambda line: None)
+    assert not any(row["release_reused"] for row in again) and again[0]["release"] == rows["release"][0]["release"]
 
 
 def test_the_gate_report_and_the_pr_bodies_cite_the_table_of_the_series_they_judge(tmp_path):
@@ -236,8 +245,90 @@ def test_the_gate_report_and_the_pr_bodies_cite_the_table_of_the_series_they_jud
 def test_the_bench_judges_the_flow_tables_cost_on_make_tests_cpu():
     from scripts.bench import targets
 
-    pair = {"without": {"seconds": 100.0, "cpu_s": 200.0}, "with": {"seconds": 150.0, "cpu_s": 300.0}}
-    row = targets.flows_targets({"test": [pair]})[0]
+    runs = {"without": {"seconds": 100.0, "cpu_s": 200.0}, "cold": {"seconds": 190.0, "cpu_s": 380.0},
+            "edit": {"seconds": 150.0, "cpu_s": 300.0}}
+    row = targets.flows_targets({"test": [runs]})[0]
     assert (row["verdict"], row["measured"]) == ("not met", "1.50 [1.50-1.50]x")
-    pair["with"]["cpu_s"] = 240.0
-    assert targets.flows_targets({"test": [pair]})[0]["verdict"] == "met"
+    runs["edit"]["cpu_s"] = 240.0
+    assert targets.flows_targets({"test": [runs]})[0]["verdict"] == "met"
+
+
+def test_a_release_columns_key_changes_with_each_of_its_inputs_and_with_nothing_else(tmp_path, monkeypatch):
+    """``cache.py``: the key of a flow's release column changes when the release's tree, a module the job imports
+    (directly or through another), the runner, the task timeout, the flow, the lock or an installed distribution
+    changes; a commit on the release (the series), a kit module the job does not import and the judge change nothing:
+    the stored records are judged anew."""
+    from importlib import metadata
+
+    from scripts import cache as reuse
+    from scripts.git import git
+    from tests.kit.test_gate import commit
+    from tests.kit.test_gate_cache import FakeDistribution
+
+    kit = tmp_path / "kit"
+    files = {"scripts/__init__.py": "", "scripts/launch.py": "", "scripts/flows/run.py": "", "scripts/servers.py": "",
+             "scripts/ranks.py": "",
+             "scripts/flows/judge.py": "", "tests/__init__.py": "", "tests/flows/__init__.py": "",
+             "tests/flows/helper.py": "from scripts import launch\n",
+             "tests/flows/job.py": "import json\n\ndef main():\n    from tests.flows.helper import x\n"}
+    for name, text in files.items():
+        (kit / name).parent.mkdir(parents=True, exist_ok=True)
+        (kit / name).write_text(text)
+    monkeypatch.setattr(cache, "KIT_ROOT", kit)
+    runners = tuple(kit / "scripts" / name for name in ("flows/run.py", "servers.py", "ranks.py"))
+    monkeypatch.setattr(cache, "RUNNERS", runners)
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text("numpy==2.3.5\n")
+    monkeypatch.setattr(reuse, "CONSTRAINTS", constraints)
+    repo = tmp_path / "upstream"
+    (repo / "tiny").mkdir(parents=True)
+    (repo / "tiny" / "__init__.py").write_text("VALUE = 1\n")
+    git(repo.parent, "init", "--quiet", str(repo))
+    commit(repo, "Release 1.0")
+    git(repo, "tag", "base/1.0")
+    job = kit / "tests" / "flows" / "job.py"
+    assert [p.relative_to(kit).as_posix() for p in reuse.kit_files(job, kit)] == [
+        "scripts/__init__.py", "scripts/launch.py", "tests/__init__.py", "tests/flows/__init__.py",
+        "tests/flows/helper.py", "tests/flows/job.py"]
+    flow = {"id": "f1", "kind": "resume", "factors": {"workers": "0"}}
+
+    def current(timeout=90.0, of=flow):
+        return cache.key(cache.release_inputs(repo, "1.0", job, timeout), of)
+
+    before = current()
+
+    def edit(path, text="# edited\n"):
+        path.write_text(path.read_text() + text)
+
+    def retag():
+        (repo / "tiny" / "__init__.py").write_text("VALUE = 2\n")
+        commit(repo, "Change the release")
+        git(repo, "tag", "--force", "base/1.0")
+
+    changes = {"the release's tree": retag, "a module the job imports through another":
+               lambda: edit(kit / "tests" / "flows" / "helper.py"), "the job": lambda: edit(job),
+               "the runner": lambda: edit(cache.RUNNERS[0]), "the job servers": lambda: edit(cache.RUNNERS[1]),
+               "the ranks' launcher": lambda: edit(cache.RUNNERS[2]),
+               "the lock": lambda: edit(constraints, "torch==2.13.0\n"),
+               "a distribution": lambda: monkeypatch.setattr(
+                   metadata, "distributions", lambda found=metadata.distributions: [*found(), FakeDistribution()])}
+    for what, change in changes.items():
+        change()
+        after = current()
+        assert after != before, f"changing {what} left the key as it was"
+        before = after
+    assert current(timeout=91.0) != before and current(of={**flow, "factors": {"workers": "2"}}) != before
+    (repo / "tiny" / "__init__.py").write_text("VALUE = 3\n")
+    commit(repo, "The series' fix")
+    edit(kit / "scripts" / "flows" / "judge.py")
+    assert current() == before
+
+
+def test_only_a_release_column_every_rank_recorded_itself_is_stored():
+    ok = {"loops": []}
+    assert cache.storable({"save": [ok, ok], "load": [ok, ok]})
+    assert cache.storable({"order": [{"crash": "Traceback ... KeyError: 'x'"}]})  # the release's own crash, recorded
+    assert not cache.storable({"save": [ok, None], "load": [ok, ok]})
+    assert not cache.storable({"save": [ok, {"hang": "no result after 90 s"}]})
+    assert not cache.storable({"save": [ok, {"crash": "no record; the launch exited 1", "runner": True}]})
+    assert not cache.storable({})

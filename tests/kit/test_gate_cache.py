@@ -13,6 +13,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from scripts import cache as reuse
 from scripts import gate
 from scripts.gate import cache
 from scripts.sources import KIT_ROOT
@@ -62,7 +63,7 @@ def test_a_stage_runs_again_exactly_when_an_input_of_its_key_changes(kit, capsys
     argv = write_kit(kit, GOOD, table=LAUNCHED_TABLE)
     constraints = tmp_path / "constraints.txt"
     constraints.write_text("numpy==2.3.5\n")
-    monkeypatch.setattr(cache, "CONSTRAINTS", constraints)
+    monkeypatch.setattr(reuse, "CONSTRAINTS", constraints)
     code = tmp_path / "gate-code"
     (code / "gate").mkdir(parents=True)
     (code / "gate" / "stages.py").write_text("# the gate's code\n")
@@ -144,8 +145,8 @@ def test_a_stage_with_unexpected_failures_is_not_kept(kit, capsys):
 
 def test_the_key_is_the_hash_of_every_input():
     inputs = {"tree": "a" * 40, "suite": "b" * 64, "launches": [{"pytest": "tests/test_x.py::test"}]}
-    assert cache.key(inputs) == hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
-    assert all(cache.key({**inputs, name: "changed"}) != cache.key(inputs) for name in inputs)
+    assert reuse.key(inputs) == hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    assert all(reuse.key({**inputs, name: "changed"}) != reuse.key(inputs) for name in inputs)
 
 
 def test_the_gate_code_in_the_key_holds_every_scripts_module_the_stages_import():

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from scripts import KitError
-from scripts.histories import judge, search, stored
+from scripts.histories import cache, judge, search, stored
 
 
 def _train(subject, model, nproc=1):
@@ -142,3 +142,42 @@ def test_the_search_finds_and_shrinks_a_planted_per_process_file_fault(tmp_path)
     assert set(saves) == {"every", "main-only"} and ops.count("restart") == 1, ops
     assert len(steps) <= 6, [(s["op"], s["args"]) for s in steps]
     assert found[0]["findings"][0]["signature"] in ("uneven at train", "wrong at train")
+
+
+class NoServers:
+    """A side whose servers must not be asked: its answers come from the recording."""
+
+    def get(self, code, nproc):
+        raise AssertionError(f"the {code} side was run, not answered from its recording")
+
+
+def test_a_stored_historys_release_side_is_recorded_once_then_answered_from_the_recording(tmp_path):
+    """Issue 52 (``scripts/histories/cache.py``): the first replay records the release side and stores it; the next,
+    with the same key, starts no release server and gives the same record and findings; another key, or reuse off,
+    runs it; a recording that does not match the steps is refused; a side the server process failed is not kept."""
+    steps = [{"op": "train", "args": {"loader": 0, "k": 3}}, {"op": "save", "args": {"folder": "a", "how": "every"}},
+             {"op": "train", "args": {"loader": 0, "k": 1}},
+             {"op": "save", "args": {"folder": "a", "how": "main-only"}}, {"op": "restart", "args": {"folder": "a"}},
+             {"op": "train", "args": {"loader": 0, "k": 3}}]
+    entry = {"id": "h1", "config": {"processes": "2"}, "steps": steps}
+    folder, shared = tmp_path / "cache", {"release": "x"}
+
+    def replay(release, reuse=True, inputs=shared):
+        return cache.replay_stored({"release": release, "series": FakeServers(faulty=True)}, tmp_path / "work",
+                                   [entry], inputs, folder, reuse)
+
+    first, reused = replay(FakeServers(faulty=False))
+    assert reused == {} and len(list(folder.iterdir())) == 1
+    assert judge.findings(first["h1"]), "the planted fault is not found live"
+    again, reused = replay(NoServers())
+    assert set(reused) == {"h1"} and again == first
+    assert judge.findings(again["h1"]) == judge.findings(first["h1"])
+    for kwargs in ({"reuse": False}, {"inputs": {"release": "y"}}):
+        with pytest.raises(AssertionError, match="was run"):
+            replay(NoServers(), **kwargs)
+    recorded = cache.Recorded([["reset", [{}]]])
+    recorded.send("restart", {})
+    with pytest.raises(KitError, match="has no 'restart' here"):
+        recorded.receive()
+    assert not cache.storable([["train", [{"hang": "no result after 60 s", "server": True}]]])
+    assert cache.storable([["train", [{"error": "ValueError: refused"}]]]) and not cache.storable([])

@@ -1,0 +1,67 @@
+"""The release column of the flow table, reused by content (issue 52): run again only when what it runs changed.
+
+A flow's release column (its save and load runs, or its order run) runs the pristine release at both ends, so its
+records are a function of neither the series nor the checkout: only of
+
+- the release: the git tree id of ``base/<version>`` of the kit's checkout (its code, whatever the version says);
+- the flow: its id, kind and factors;
+- the job code: the upstream's job script and every module of the kit it imports (``scripts.cache.kit_files``, found
+  from their import statements, so a new import is in the key without a list to keep), ``RUNNERS`` (the runner,
+  which writes the plan and the launch's environment, the job servers and the launcher of their ranks) and the task
+  timeout;
+- the environment: the lock, every installed distribution, the Python and torch (``scripts.cache``).
+
+The records are stored, not the verdicts: ``judge.py`` judges reused records as it judges new ones, so the judge's
+code is not an input. A column is stored only when every rank recorded every part itself (no hang, no record the
+runner wrote for a launch that ended: those are run again). Entries live in ``build/flows-cache/<key>/entry.json``
+(``scripts.cache``); ``make flows FLOWS_CACHE=0`` and ``make test FLOWS_CACHE=0`` run every column and store anew.
+"""
+
+import os
+from pathlib import Path
+
+from scripts import cache
+from scripts.sources import KIT_ROOT
+
+CACHE = KIT_ROOT / "build" / "flows-cache"
+# What runs a plan besides the job script: the runner (the plan, the launch's environment), the job servers and the
+# launcher of their ranks
+RUNNERS = tuple(KIT_ROOT / "scripts" / name for name in ("flows/run.py", "servers.py", "ranks.py"))
+
+
+def reuse_on() -> bool:
+    """Whether stored release columns are reused: not when the environment says ``FLOWS_CACHE=0`` (or no, false)."""
+    return os.environ.get("FLOWS_CACHE", "").strip().lower() not in ("0", "no", "false")
+
+
+def release_inputs(repo: Path, version: str, job: Path, task_timeout: float) -> dict:
+    """What every flow's release column shares: the release (``version`` and the tree of ``base/<version>`` in the
+    checkout ``repo``), the job code (``job`` and what it imports, ``RUNNERS``) and the environment. Raises KitError
+    when ``repo`` has no ``base/<version>`` (run make apply)."""
+    return {"release": cache.release(repo, version), "task_timeout": task_timeout,
+            "job": cache.files_digest([*cache.kit_files(job, KIT_ROOT), *RUNNERS], KIT_ROOT),
+            "environment": cache.environment_inputs()}
+
+
+def key(shared: dict, flow: dict) -> str:
+    """The key of ``flow``'s release column: sha256 of ``shared`` (``release_inputs``) and the flow."""
+    return cache.key({**shared, "flow": {k: flow[k] for k in ("id", "kind", "factors")}})
+
+
+def load(folder: Path, column_key: str) -> dict | None:
+    """The stored release column of ``column_key``: {"run": when it ran, "parts": {part: [rank records]}}; None
+    when there is none."""
+    entry = cache.read(folder, column_key)
+    return entry if entry and isinstance(entry.get("parts"), dict) else None
+
+
+def storable(parts: dict) -> bool:
+    """Whether a release column's records may be reused: every rank recorded every part itself, none hung."""
+    records = [r for found in parts.values() for r in found]
+    return bool(records) and all(r is not None and "hang" not in r and "runner" not in r for r in records)
+
+
+def store(folder: Path, column_key: str, parts: dict) -> None:
+    """Store a release column's ``parts`` under ``column_key`` with the time it ran (UTC). Raises OSError when the
+    disk refuses."""
+    cache.write(folder, column_key, {"run": cache.now(), "parts": parts})

@@ -1,0 +1,162 @@
+"""Job servers: launches of a job script kept alive, that take their work from this process, one message at a time.
+
+A server is one launch (``scripts/ranks.py`` for several processes, the script itself for one) of a job script on
+one code (the release's tree first on ``PYTHONPATH``, or the series as this Python imports it). Its ranks read
+messages from a ``torch.distributed.TCPStore`` this process serves on a port the kernel chose (``JOB_STORE`` =
+host:port): ``<JOB_PREFIX>/op/<n>`` one JSON operation, ``<JOB_PREFIX>/res/<n>/<rank>`` each rank's JSON result
+(``tests/rank_worker.py``'s ``serve``). The history search runs its steps on them (``scripts/histories/servers.py``),
+the flow table its plans (``scripts/flows/run.py``): the start-up (imports, rendezvous, the forkserver) is paid once
+per server, not per history or phase.
+
+An operation not done within its timeout, or a server that dies, ends the server (its whole process tree killed,
+``scripts/launch.py``); the results say ``hang`` or ``crash`` (marked ``server``: this process wrote them, not the
+job), and the next operation starts a new server.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from scripts import KitError, launch, ranks
+
+START_TIMEOUT = 180.0  # seconds a server may take to start (imports, rendezvous)
+# What the job scripts of an upstream import first: the ranks of a server fork from one process that imported them
+# (scripts/ranks.py, JOB_PRELOAD)
+PRELOAD = {"accelerate": ("torch", "torchdata.stateful_dataloader", "accelerate"), "deepspeed": ("torch", "deepspeed")}
+
+
+class Store:
+    """The TCPStore the servers read their steps from, served by this process on a free loopback port; ``timeout``
+    in seconds bounds its own calls."""
+
+    def __init__(self, timeout: float):
+        import torch.distributed as dist
+
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                   timeout=timedelta(seconds=timeout))
+        self.port = self.store.port  # the kernel's choice: no race with another process for a free port
+
+
+class Server:
+    """One launch of the job ``script`` (of an upstream) on one code (``release`` or ``series``) and process count,
+    ``name`` its keys' prefix (see the module's docstring); ``release``: the release's tree, which the ranks of a
+    ``release`` server must import the upstream from, and those of a ``series`` server must not; ``preload``: the
+    modules its ranks fork after (``PRELOAD``)."""
+
+    def __init__(self, store: Store, script: Path, name: str, code: str, nproc: int, pythonpath: str, logs: Path,
+                 release: Path, preload: tuple[str, ...] = ()):
+        self.store, self.script, self.name, self.code, self.nproc = store, script, name, code, nproc
+        self.preload = preload
+        self.pythonpath, self.logs, self.release = pythonpath, logs, release
+        self.proc, self.generation, self.n, self.log, self.waiting = None, 0, 0, None, False
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.name}-x{self.nproc}-{self.generation}"
+
+    def running(self) -> bool:
+        """True while the server launched last has not ended."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def launch(self) -> None:
+        """Launch the server (a new one, after one that ended), without waiting for it: ``send`` waits. Servers
+        launched together start side by side."""
+        self.stop()
+        self.generation += 1
+        self.n = 0
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+        env.update(OMP_NUM_THREADS="1", PYTHONPATH=self.pythonpath, DS_ACCELERATOR="cpu",
+                   JOB_STORE=f"127.0.0.1:{self.store.port}", JOB_PREFIX=self.prefix,
+                   JOB_PRELOAD=",".join(self.preload))
+        script = str(self.script)
+        if self.nproc == 1:
+            env.update(ranks.rank_env(0, 1, ranks.free_port()))
+            command = [sys.executable, script]
+        else:  # the ranks without torch.distributed.run's agent (scripts/ranks.py)
+            command = [sys.executable, ranks.__file__, str(self.nproc), script]
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.log = self.logs / f"{self.prefix}.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=launch.site_env(env), cwd=self.logs, start_new_session=True,
+                                         preexec_fn=launch.die_with_parent)
+        self.waiting = True
+
+    def _started(self) -> None:
+        """Wait until every rank of the server launched last has started; raises KitError when one does not, or when
+        a rank imported the upstream from another code than the server's (the release's tree, or anywhere else for
+        the series)."""
+        self.waiting = False
+        keys = [f"{self.prefix}/started/{rank}" for rank in range(self.nproc)]
+        if not self._wait(keys, START_TIMEOUT):
+            tail = self.tail()
+            self.stop()
+            raise KitError(f"the {self.code} server {self.name} on {self.nproc} processes did not start; its log "
+                           f"{self.log}: {tail}")
+        for key in keys:
+            module = Path(self.store.store.get(key).decode())
+            if module.resolve().is_relative_to(self.release.resolve()) != (self.code == "release"):
+                self.stop()
+                raise KitError(f"the {self.code} server {self.name} imported its upstream from {module}: check "
+                               "PYTHONPATH and the editable installs of upstream/")
+
+    def tail(self, chars: int = 1500) -> str:
+        text = self.log.read_text(errors="replace").strip() if self.log and self.log.exists() else ""
+        return text[-chars:] or "(no output)"
+
+    def _wait(self, keys: list[str], timeout: float) -> bool:
+        """True once every key is set; False when ``timeout`` seconds pass or the server ends first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if all(self.store.store.check([key]) for key in keys):
+                return True
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+    def send(self, op: str, args: dict) -> None:
+        """Send one operation; the server is launched first when it is not running, and its start awaited (KitError
+        when it does not start, see ``_started``)."""
+        if not self.running():
+            self.launch()
+        if self.waiting:
+            self._started()
+        self.store.store.set(f"{self.prefix}/op/{self.n}", json.dumps({"op": op, "args": args}))
+
+    def receive(self, timeout: float) -> list[dict]:
+        """Every rank's result of the step sent last. A step not done in ``timeout`` seconds, or a server that ended,
+        gives ``hang`` or ``crash`` for the ranks without a result (``server`` marks them as this process's, not the
+        job's), and the server is stopped."""
+        keys = [f"{self.prefix}/res/{self.n}/{rank}" for rank in range(self.nproc)]
+        done = self._wait(keys, timeout)
+        results = []
+        for key in keys:
+            if self.store.store.check([key]):
+                results.append(json.loads(self.store.store.get(key)))
+            elif self.proc.poll() is None:
+                results.append({"hang": f"no result after {timeout:.0f} s", "server": True})
+            else:
+                results.append({"crash": f"the server exited {self.proc.returncode}: {self.tail(600)}",
+                                "server": True})
+        self.n += 1
+        if not done:
+            self.stop(busy=True)
+        return results
+
+    def stop(self, busy: bool = False) -> None:
+        """End the server and every process below it: an idle one is told to quit first (its ranks end as a job
+        does), a ``busy`` one (an operation it did not finish) is killed at once."""
+        if self.proc is not None:
+            if self.proc.poll() is None and not busy:
+                self.store.store.set(f"{self.prefix}/op/{self.n}", json.dumps({"op": "quit"}))
+                try:
+                    self.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    pass
+            launch.kill_tree(self.proc)
+            self.proc.wait()
+            self.proc = None

@@ -1,0 +1,67 @@
+"""``scripts/servers.py``: a job server takes operations one at a time, its results come back per rank, and a server
+that hangs, dies or imports the wrong code is ended and said so; the next operation starts a new one."""
+
+import pytest
+
+from scripts import KitError, launch
+from scripts.servers import Server, Store
+from scripts.sources import KIT_ROOT
+
+JOB = """
+import os, sys, time
+sys.path.insert(0, {kit!r})
+from tests.rank_worker import serve
+
+def handle(op, args):
+    if op == "hang":
+        time.sleep(600)
+    if op == "exit":
+        os._exit(5)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return {{"rank": rank, "world": world, "echo": args, "pid": os.getpid()}}
+
+if os.environ.get("JOB_START") == "fail":
+    sys.exit("no start")
+serve(int(os.environ["RANK"]), {module!r}, handle)
+"""
+
+
+def _server(tmp_path, nproc=2, module="/elsewhere/tiny/__init__.py", code="series"):
+    script = tmp_path / "job.py"
+    script.write_text(JOB.format(kit=str(KIT_ROOT), module=module))
+    return Server(Store(30), script, "tiny-series", code, nproc, "", tmp_path / "logs", tmp_path / "release")
+
+
+def test_a_server_answers_per_rank_and_a_hang_or_a_death_ends_it(tmp_path):
+    server = _server(tmp_path)
+    try:
+        server.send("echo", {"n": 1})
+        first = server.receive(60)
+        assert [(r["rank"], r["world"], r["echo"]) for r in first] == [(0, 2, {"n": 1}), (1, 2, {"n": 1})]
+        server.send("echo", {"n": 2})
+        assert [r["pid"] for r in server.receive(60)] == [r["pid"] for r in first]  # the same processes
+        server.send("hang", {})
+        hung = server.receive(2)
+        assert all("hang" in r and r["server"] for r in hung) and not server.running()
+        assert not any(launch.running(r["pid"]) for r in first)
+        server.send("echo", {"n": 3})  # a new server
+        again = server.receive(60)
+        assert [r["echo"] for r in again] == [{"n": 3}] * 2 and server.generation == 2
+        server.send("exit", {})
+        died = server.receive(60)
+        assert all("crash" in r and r["server"] and "exited" in r["crash"] for r in died)
+    finally:
+        server.stop()
+    assert not server.running()
+
+
+def test_a_server_that_does_not_start_or_imports_the_wrong_code_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOB_START", "fail")
+    server = _server(tmp_path, nproc=1)
+    with pytest.raises(KitError, match="did not start; its log .*no start"):
+        server.send("echo", {})
+    monkeypatch.delenv("JOB_START")
+    release = _server(tmp_path, nproc=1, code="release")  # a release server whose ranks import another tree
+    with pytest.raises(KitError, match="imported its upstream from /elsewhere/tiny"):
+        release.send("echo", {})
+    assert not release.running()
