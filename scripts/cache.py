@@ -119,8 +119,8 @@ def read(cache: Path, entry_key: str) -> dict | None:
 
 def write(cache: Path, entry_key: str, doc: dict, files: dict[str, Path] | None = None) -> Path:
     """Store ``doc`` (JSON-able) and a copy of each of ``files`` ({name in the entry: path}) under
-    ``cache/<entry_key>/``, replacing an older entry of the key whole; return the entry's folder. Raises OSError when
-    the disk refuses."""
+    ``cache/<entry_key>/``, replacing an older entry of the key whole (or leaving the one another writer of the same
+    key stored meanwhile); return the entry's folder. Raises OSError when the disk refuses."""
     cache.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{entry_key[:12]}-", dir=cache))
     try:
@@ -129,7 +129,11 @@ def write(cache: Path, entry_key: str, doc: dict, files: dict[str, Path] | None 
             shutil.copyfile(path, partial / name)
         folder = cache / entry_key
         shutil.rmtree(folder, ignore_errors=True)
-        os.replace(partial, folder)
+        try:
+            os.replace(partial, folder)
+        except OSError:
+            if not (folder / ENTRY).is_file():  # else another writer of the same key stored its whole entry first
+                raise
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return folder

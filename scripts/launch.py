@@ -1,7 +1,8 @@
 """Run a multi-process launch (``torch.distributed.run`` and the like) with a timeout, leaving nothing running.
 
-Used by every multi-process launch of the kit: the 2-process suites under ``tests/``, ``make bench``, ``make stress``
-and the gate (its stages and the upstream scripts it launches). A launch runs in a session of its own; on timeout, on
+Used by the multi-process launches of the kit: the 2-process suites under ``tests/``, ``make bench``, ``make stress``
+and the gate (its stages and the upstream scripts it launches); the job servers (``scripts/servers.py``) use its
+``kill_tree``, ``site_env`` and ``die_with_parent``. A launch runs in a session of its own; on timeout, on
 a normal exit, on Ctrl-C and on SIGTERM, the launch's process group and every process below it
 (``torch.distributed.run`` starts each rank in a session of its own, and the ranks start DataLoader workers) are
 killed before ``run`` returns or the interrupt propagates.

@@ -99,8 +99,6 @@ def _preloaded(names: list[str]) -> bool:
 
 def _run_script(script: str, args: list[str]) -> int:
     """In a forked rank: run ``script`` as ``__main__`` with ``args``; its exit status."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = [script, *args]
     try:
         runpy.run_path(script, run_name="__main__")
@@ -115,36 +113,52 @@ def _run_script(script: str, args: list[str]) -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """In a forked rank: SIGKILL it when the launcher dies (Linux's ``PR_SET_PDEATHSIG``), as ``scripts/launch.py``
+    does for the launches it starts; a launcher killed by SIGKILL leaves no rank behind."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+
+
 def main(argv: list[str]) -> int:
     """Run the ranks; return the first non-zero exit status of a rank (a signal's: 128 + its number), else 0 (in a
     forked rank: the rank's own exit status)."""
     if len(argv) < 2 or not argv[0].isdigit() or int(argv[0]) < 1:
         print("error: scripts/ranks.py: usage: python scripts/ranks.py N script [args]", file=sys.stderr)
         return 2
-    world, port, script, args = int(argv[0]), free_port(), argv[1], argv[2:]
+    world, script, args = int(argv[0]), argv[1], argv[2:]
     sys.path[0] = os.path.dirname(os.path.abspath(script))  # as for `python script`, not this file's folder
     preload = [name for name in os.environ.get("JOB_PRELOAD", "").split(",") if name]
     fork = bool(preload) and _preloaded(preload)
+    port = free_port()  # after the imports: the shortest time for another process to take it
     procs: list = []
 
     def stop(signum, frame):
         _end(procs)
         sys.exit(128 + signum)
 
+    ending = {signal.SIGTERM, signal.SIGINT}
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     for rank in range(world):
+        env = rank_env(rank, world, port)
         if not fork:
-            procs.append(subprocess.Popen([sys.executable, script, *args],
-                                          env={**os.environ, **rank_env(rank, world, port)}))
+            procs.append(subprocess.Popen([sys.executable, script, *args], env={**os.environ, **env}))
             continue
         sys.stdout.flush()
         sys.stderr.flush()
+        signal.pthread_sigmask(signal.SIG_BLOCK, ending)  # no stop() between the fork and the rank's own handlers
         pid = os.fork()
         if pid == 0:
-            os.environ.update(rank_env(rank, world, port))
+            _die_with_parent()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, ending)
+            os.environ.update(env)
             return _run_script(script, args)
         procs.append(Forked(pid))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ending)
     while True:
         codes = [proc.poll() for proc in procs]
         failed = [code for code in codes if code]

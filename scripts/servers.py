@@ -53,6 +53,7 @@ class Server:
         self.preload = preload
         self.pythonpath, self.logs, self.release = pythonpath, logs, release
         self.proc, self.generation, self.n, self.log, self.waiting = None, 0, 0, None, False
+        self.outstanding = False  # an operation sent and not received: the server is busy with it
 
     @property
     def prefix(self) -> str:
@@ -110,13 +111,14 @@ class Server:
 
     def _wait(self, keys: list[str], timeout: float) -> bool:
         """True once every key is set; False when ``timeout`` seconds pass or the server ends first."""
-        deadline = time.monotonic() + timeout
+        deadline, pause = time.monotonic() + timeout, 0.002
         while True:
             if all(self.store.store.check([key]) for key in keys):
                 return True
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 return False
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)  # a quick step is seen at once, a plan of minutes costs few looks
 
     def send(self, op: str, args: dict) -> None:
         """Send one operation; the server is launched first when it is not running, and its start awaited (KitError
@@ -126,6 +128,7 @@ class Server:
         if self.waiting:
             self._started()
         self.store.store.set(f"{self.prefix}/op/{self.n}", json.dumps({"op": op, "args": args}))
+        self.outstanding = True
 
     def receive(self, timeout: float) -> list[dict]:
         """Every rank's result of the step sent last. A step not done in ``timeout`` seconds, or a server that ended,
@@ -133,6 +136,7 @@ class Server:
         job's), and the server is stopped."""
         keys = [f"{self.prefix}/res/{self.n}/{rank}" for rank in range(self.nproc)]
         done = self._wait(keys, timeout)
+        self.outstanding = False
         results = []
         for key in keys:
             if self.store.store.check([key]):
@@ -149,9 +153,9 @@ class Server:
 
     def stop(self, busy: bool = False) -> None:
         """End the server and every process below it: an idle one is told to quit first (its ranks end as a job
-        does), a ``busy`` one (an operation it did not finish) is killed at once."""
+        does), a ``busy`` one (an operation it did not finish, or one sent and not received) is killed at once."""
         if self.proc is not None:
-            if self.proc.poll() is None and not busy:
+            if self.proc.poll() is None and not (busy or self.outstanding):
                 self.store.store.set(f"{self.prefix}/op/{self.n}", json.dumps({"op": "quit"}))
                 try:
                     self.proc.wait(timeout=20)
@@ -159,4 +163,4 @@ class Server:
                     pass
             launch.kill_tree(self.proc)
             self.proc.wait()
-            self.proc = None
+            self.proc, self.outstanding = None, False

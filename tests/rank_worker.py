@@ -1,7 +1,9 @@
-"""What the worker scripts of the multi-process suites share: run scenarios on this rank and write their results.
+"""What the worker scripts of the multi-process suites and the job servers share: run scenarios on this rank and
+write their results, the DataLoader workers' forkserver, what a call logged, and a job server's loop (``serve``).
 
 Imported by ``tests/accelerate/accelerate_worker.py`` and ``tests/deepspeed/engine_worker.py``, which run under
-``torch.distributed.run``; the parent tests read the files with ``tests/launched.py``.
+``torch.distributed.run`` (the parent tests read the files with ``tests/launched.py``), and by the flow table's and the
+history search's job scripts (``tests/flows/``, ``tests/histories/``), which ``scripts/servers.py`` launches.
 """
 
 import contextlib

@@ -1,14 +1,15 @@
 """The flow table's cost (issues 39 and 52): ``make test`` without the flow table, cold and after an edit to a
 series, and ``make flows`` (pairwise and ``FULL=1``) cold and warm.
 
-``make test``'s own pytest command runs three times in one repetition: without the flow table's tests
-(``--ignore=tests/flows``); ``cold``, every release column run (``FLOWS_CACHE=0``, which stores them anew); and
-``edit``, right after, as after a change to a series: the release columns reused from ``build/flows-cache/``
-(``scripts/flows/cache.py``; no input of their key is the series, so an edit to a series reuses them all, as a kit
-test shows). Repetitions alternate whether ``without`` comes first. Wall and CPU time (user + system of the whole
-process tree) give the ratios to ``without``. Then ``python -m scripts.flows`` cold (``--no-cache``) and warm, for
-every pair of levels and for every triple (``--full``); their reports land in ``<out>/flows-*/`` (``build/flows/``,
-which the gate and ``make pr`` cite, stays).
+``make test``'s own pytest command runs three times in one repetition: ``cold``, every release column run
+(``FLOWS_CACHE=0``, which stores them anew); ``edit``, as after a change to a series: the release columns reused from
+``build/flows-cache/`` (``scripts/flows/cache.py``; no input of their key is the series, so an edit to a series reuses
+them all, as a kit test shows); and ``without`` the flow table's tests (``--ignore=tests/flows``). ``cold`` comes
+first; repetitions alternate whether ``without`` or ``edit`` follows it (both then reuse the stored histories' release
+sides, ``scripts/histories/cache.py``). Wall and CPU time (user + system of the whole process tree) give the ratios
+to ``without``. Then ``python -m scripts.flows`` cold (``--no-cache``) and warm, for every pair of levels and for every
+triple (``--full``); their reports land in ``<out>/flows-*/`` (``build/flows/``, which the gate and ``make pr`` cite,
+stays).
 """
 
 import argparse
@@ -38,7 +39,8 @@ def bench_flows(args: argparse.Namespace) -> dict:
             "edit": (pytest, {"FLOWS_CACHE": "1"})}
     repetitions = []
     for index in range(args.flows_repeat):
-        order = ("without", "cold", "edit") if index % 2 == 0 else ("cold", "edit", "without")
+        # cold first (it stores the release sides); without then sees the stored histories as edit does
+        order = ("cold", "without", "edit") if index % 2 == 0 else ("cold", "edit", "without")
         measured = {}
         for label in order:
             print(f"bench: flows: make test, {label} ({index + 1}/{args.flows_repeat})", flush=True)

@@ -12,8 +12,8 @@ records are a function of neither the series nor the checkout: only of
 - the environment: the lock, every installed distribution, the Python and torch (``scripts.cache``).
 
 The records are stored, not the verdicts: ``judge.py`` judges reused records as it judges new ones, so the judge's
-code is not an input. A column is stored only when every rank recorded every part itself (no hang, no record the
-runner wrote for a launch that ended: those are run again). Entries live in ``build/flows-cache/<key>/entry.json``
+code is not an input. A column is stored only when every rank recorded every part and none hung or crashed (a crash
+may be the machine's: those columns run again). Entries live in ``build/flows-cache/<key>/entry.json``
 (``scripts.cache``); ``make flows FLOWS_CACHE=0`` and ``make test FLOWS_CACHE=0`` run every column and store anew.
 """
 
@@ -24,9 +24,10 @@ from scripts import cache
 from scripts.sources import KIT_ROOT
 
 CACHE = KIT_ROOT / "build" / "flows-cache"
-# What runs a plan besides the job script: the runner (the plan, the launch's environment), the job servers and the
-# launcher of their ranks
-RUNNERS = tuple(KIT_ROOT / "scripts" / name for name in ("flows/run.py", "servers.py", "ranks.py"))
+# What runs a plan besides the job script: the runner (the plan, the launch's environment), the job servers, the
+# launcher of their ranks and the sitecustomize every launched process loads
+RUNNERS = tuple(KIT_ROOT / "scripts" / name for name in ("flows/run.py", "servers.py", "ranks.py",
+                                                         "launch_site/sitecustomize.py"))
 
 
 def reuse_on() -> bool:
@@ -56,9 +57,10 @@ def load(folder: Path, column_key: str) -> dict | None:
 
 
 def storable(parts: dict) -> bool:
-    """Whether a release column's records may be reused: every rank recorded every part itself, none hung."""
+    """Whether a release column's records may be reused: every rank recorded every part, none hung or crashed (a
+    crash can be the machine's, an OOM kill or a reset connection: such a column runs again each time)."""
     records = [r for found in parts.values() for r in found]
-    return bool(records) and all(r is not None and "hang" not in r and "runner" not in r for r in records)
+    return bool(records) and all(r is not None and "hang" not in r and "crash" not in r for r in records)
 
 
 def store(folder: Path, column_key: str, parts: dict) -> None:

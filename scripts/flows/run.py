@@ -19,6 +19,7 @@ only the series column of that flow is launched.
 import importlib.metadata
 import json
 import os
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -116,8 +117,8 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     ``cache.CACHE``) when ``reuse`` and their key is there; every release column run now is stored there when its
     records allow (``cache.py``).
 
-    A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made; OSError
-    when ``work`` or ``stored`` cannot be written.
+    A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made or a server
+    does not start; OSError when ``work`` cannot be written (a column ``stored`` cannot keep is said through ``say``).
     """
     work.mkdir(parents=True, exist_ok=True)
     series = os.environ.get("PYTHONPATH", "")
@@ -126,7 +127,8 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     release = release_tree(name, work / "trees")
     pythonpath = {"series": series, "release": first_on(release, series)}
     out = work / "records"
-    out.mkdir(exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # a record left by an earlier run would count as done
+    out.mkdir()
     version = importlib.metadata.version(name).split("+")[0]
     stored = stored or cache.CACHE
     shared = cache.release_inputs(KIT / "upstream" / name, version, JOBS[name], TASK_TIMEOUT)
@@ -152,6 +154,8 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
             for task_phase, code, nproc, task in planned:
                 if task_phase == phase:
                     groups[(code, nproc)].append(task)
+            for key in set(servers) - set(groups):  # not needed in this phase: its memory back
+                servers[key].stop()
             _run_phase(name, phase, groups, out, server, parallel, say)
             for (code, nproc), tasks in groups.items():
                 for task in tasks:
@@ -164,7 +168,10 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     for flow in flows:
         parts = results[(flow["id"], "release")]
         if flow["id"] not in reused and cache.storable(parts):
-            cache.store(stored, keys[flow["id"]], parts)
+            try:
+                cache.store(stored, keys[flow["id"]], parts)
+            except OSError as e:  # the table stands; the next run runs the column again
+                say(f"flows: {name}: the release column of {flow['id']} is not kept in {stored}: {e}")
     return dict(results), reused
 
 
@@ -179,21 +186,21 @@ def _check_code(name: str, code: str, release: Path, found: list[dict | None], t
 
 
 def _run_phase(name, phase, groups, out, server, parallel, say):
-    """Send every group of one phase its tasks as one plan, ``parallel`` servers at work at once (all launched first,
-    to start side by side), and again the tasks after one that ended a server."""
+    """Send every group of one phase its tasks as one plan, ``parallel`` servers at work at once (each batch launched
+    first, to start side by side), and again the tasks after one that ended a server."""
     pending = {key: list(tasks) for key, tasks in groups.items()}
     for round_ in range(ROUNDS):
         pending = {key: tasks for key, tasks in pending.items() if tasks}
         if not pending:
             return
         keys = list(pending)
-        for key in keys:
-            if not server(*key).running():
-                server(*key).launch()
         sizes = ", ".join(f"{c} x{n}: {len(pending[(c, n)])} tasks" for c, n in keys)
         say(f"flows: {name}: phase {phase}, round {round_ + 1}: {len(keys)} servers ({sizes})")
         for at in range(0, len(keys), parallel):
             batch, started = keys[at:at + parallel], time.monotonic()
+            for key in batch:
+                if not server(*key).running():
+                    server(*key).launch()
             for code, nproc in batch:
                 server(code, nproc).send("plan", {"out": str(out), "task_timeout": TASK_TIMEOUT,
                                                   "tasks": pending[(code, nproc)]})
@@ -217,7 +224,8 @@ def _left(out, tasks, nproc, ended):
         return []
     if done and any(r and ("hang" in r or "crash" in r) for r in records(out, tasks[done - 1], nproc)):
         return tasks[done:]
-    _record_missing(out, tasks[done], nproc, ended or {"crash": "the server ended the plan without a record"})
+    _record_missing(out, tasks[done], nproc, ended or {"crash": "the server answered the plan, but no rank recorded "
+                                                                "this task"})
     return tasks[done + 1:]
 
 

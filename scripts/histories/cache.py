@@ -7,7 +7,8 @@ release side's exchanges (each operation ``history.py`` sent it and every rank's
 - the release: ``version`` and the git tree id of ``base/<version>`` of the kit's checkout;
 - the history: its configuration and steps;
 - the job code: ``tests/histories/<upstream>_job.py`` and every module of the kit it imports, ``SENDERS``
-  (``history.py`` and the servers, which send the steps, and the launcher of their ranks), and the step timeout;
+  (``history.py`` and the servers, which send the steps, the launcher of their ranks and the sitecustomize each
+  launched process loads), and the step timeout;
 - the environment: the lock, every installed distribution, the Python and torch (``scripts.cache``).
 
 A replay whose release side is stored answers that side from the recording (``Recorded``): no release server starts;
@@ -24,7 +25,7 @@ from scripts.histories.servers import JOBS, STEP_TIMEOUT, Servers
 from scripts.sources import KIT_ROOT
 
 SENDERS = [KIT_ROOT / "scripts" / "histories" / name for name in ("history.py", "servers.py")] + [
-    KIT_ROOT / "scripts" / name for name in ("servers.py", "ranks.py")]
+    KIT_ROOT / "scripts" / name for name in ("servers.py", "ranks.py", "launch_site/sitecustomize.py")]
 
 
 class Recording:
@@ -80,21 +81,34 @@ def storable(exchanges: list) -> bool:
     return bool(exchanges) and all(r is not None and "server" not in r for _, results in exchanges for r in results)
 
 
+def load(folder: Path, entry_key: str) -> dict | None:
+    """The release side stored under ``entry_key``: {"run": when it ran, "exchanges": [[op, results], ...]}; None when
+    there is none or it is not of that shape (then the side runs)."""
+    entry = cache.read(folder, entry_key)
+    exchanges = (entry or {}).get("exchanges")
+    shaped = isinstance(exchanges, list) and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[1], list) for e in exchanges)
+    return entry if shaped and isinstance(entry.get("run"), str) else None
+
+
 def replay_stored(servers: dict[str, Servers], work: Path, entries: list[dict], shared: dict, folder: Path,
-                  reuse: bool = True) -> tuple[dict, dict]:
+                  reuse: bool = True, say=print) -> tuple[dict, dict]:
     """Replay the stored ``entries`` (``stored.load``) on ``servers`` (side -> Servers) in ``work``, each release side
     read from ``folder`` when ``reuse`` and its key (``shared``: ``release_inputs``; the entry's config and steps) is
     there, else recorded and stored there when it may be. Returns ({entry id: record}, {entry id: when its reused
-    release side ran})."""
+    release side ran}). A side that cannot be stored (the disk refuses) is said so through ``say``."""
     records, reused = {}, {}
     for entry in entries:
         entry_key = cache.key({**shared, "history": {"config": entry["config"], "steps": entry["steps"]}})
-        stored = cache.read(folder, entry_key) if reuse else None
+        stored = load(folder, entry_key) if reuse else None
         release = Recorded(stored["exchanges"]) if stored else Recording(servers["release"])
         records[entry["id"]] = history.replay({**servers, "release": release}, work / "checkpoints" / entry["id"],
                                               entry["config"], entry["steps"])
         if stored:
             reused[entry["id"]] = stored["run"]
         elif storable(release.exchanges):
-            cache.write(folder, entry_key, {"run": cache.now(), "exchanges": release.exchanges})
+            try:
+                cache.write(folder, entry_key, {"run": cache.now(), "exchanges": release.exchanges})
+            except OSError as e:  # the record stands; the next replay runs the side again
+                say(f"histories: the release side of {entry['id']} is not kept in {folder}: {e}")
     return records, reused
