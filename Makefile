@@ -53,7 +53,7 @@ DEFAULT ?=
 FULL ?=
 # `make flows FLOWS_CACHE=0` (or make test): run every flow's release column, reusing none stored in build/flows-cache/.
 FLOWS_CACHE ?=
-# `make flows AT=HEAD~3`: run that commit of each checkout as the series (a first commit of a stack, alone).
+# `make flows AT=HEAD~1`: run that commit of each checkout as the series (ABOUT_AT below says it for make help).
 AT ?=
 
 # `make fuzz`: the history search's budget in seconds, and the seed of a search to replay (empty: a new one).
@@ -143,7 +143,7 @@ ABOUT_FULL := 1: every triple of factor levels, not every pair
 READ_BY_FULL := flows
 ABOUT_FLOWS_CACHE := 0: run the flow table's release columns, reusing none (default: reuse by content)
 READ_BY_FLOWS_CACHE := flows test
-ABOUT_AT := a commit of each checkout to run as the series (e.g. HEAD~3)
+ABOUT_AT := a commit of each checkout to run as the series, the same for both: e.g. HEAD~1 (each stack without its last commit); Accelerate's first of 5 is HEAD~4, DeepSpeed's first of 4 HEAD~3
 READ_BY_AT := flows
 ABOUT_FUZZ_SECONDS := the history search's budget in seconds
 READ_BY_FUZZ_SECONDS := fuzz

@@ -32,7 +32,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="job servers at work side by side")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the reports go (default {OUT})")
     parser.add_argument("--at", default="", metavar="REV",
-                        help="run this commit of each checkout as the series (e.g. HEAD~3: the first of a stack of 4)")
+                        help="run this commit of each checkout as the series, the same for both (e.g. HEAD~1: each "
+                        "stack without its last commit; Accelerate's first of 5 is HEAD~4, DeepSpeed's first of 4 "
+                        "HEAD~3)")
     parser.add_argument("--no-cache", action="store_true",
                         help="run every release column, reusing none from build/flows-cache (FLOWS_CACHE=0)")
     args = parser.parse_args(argv)
