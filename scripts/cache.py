@@ -97,6 +97,15 @@ def release(repo: Path, version: str) -> dict:
     return {"version": version, "tree": tree}
 
 
+def run_inputs(repo: Path, version: str, script: Path, runners: tuple[Path, ...] | list[Path], timeout: float,
+               root: Path = sources.KIT_ROOT) -> dict:
+    """What every run of a pristine release by a job script shares in its key: the release (``release``), the job
+    code (``script``, the modules of the kit under ``root`` it imports and ``runners``, which start and drive it), its
+    ``timeout`` in seconds and the environment. Raises KitError when ``repo`` has no ``base/<version>``."""
+    return {"release": release(repo, version), "timeout": timeout,
+            "job": files_digest([*kit_files(script, root), *runners], root), "environment": environment_inputs()}
+
+
 def now() -> str:
     """The time now (UTC, to the second), as entries say when their results were made."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -39,9 +39,7 @@ def release_inputs(repo: Path, version: str, job: Path, task_timeout: float) -> 
     """What every flow's release column shares: the release (``version`` and the tree of ``base/<version>`` in the
     checkout ``repo``), the job code (``job`` and what it imports, ``RUNNERS``) and the environment. Raises KitError
     when ``repo`` has no ``base/<version>`` (run make apply)."""
-    return {"release": cache.release(repo, version), "task_timeout": task_timeout,
-            "job": cache.files_digest([*cache.kit_files(job, KIT_ROOT), *RUNNERS], KIT_ROOT),
-            "environment": cache.environment_inputs()}
+    return cache.run_inputs(repo, version, job, RUNNERS, task_timeout, KIT_ROOT)
 
 
 def key(shared: dict, flow: dict) -> str:

@@ -86,10 +86,15 @@ def tree(name: str, revision: str, work: Path, what: str) -> Path:
     return worktree.package_dir(worktree.add(repo, work / f"{name}-{commit[:12]}", commit), name)
 
 
+def release_version(name: str) -> str:
+    """The version of upstream ``name`` this Python has installed, without a local part (``1.16.0``)."""
+    return importlib.metadata.version(name).split("+")[0]
+
+
 def release_tree(name: str, work: Path) -> Path:
     """``tree`` of the pristine release of upstream ``name`` that this Python has installed (``base/<version>``, which
     ``make apply`` makes)."""
-    version = importlib.metadata.version(name).split("+")[0]
+    version = release_version(name)
     return tree(name, f"base/{version}", work, f"the pristine {version}: run make apply")
 
 
@@ -129,9 +134,8 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     out = work / "records"
     shutil.rmtree(out, ignore_errors=True)  # a record left by an earlier run would count as done
     out.mkdir()
-    version = importlib.metadata.version(name).split("+")[0]
     stored = stored or cache.CACHE
-    shared = cache.release_inputs(KIT / "upstream" / name, version, JOBS[name], TASK_TIMEOUT)
+    shared = cache.release_inputs(KIT / "upstream" / name, release_version(name), JOBS[name], TASK_TIMEOUT)
     keys = {flow["id"]: cache.key(shared, flow) for flow in flows}
     results, reused = defaultdict(dict), {}
     for flow in flows if reuse else ():

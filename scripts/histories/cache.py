@@ -71,9 +71,7 @@ class Recorded:
 
 def release_inputs(repo: Path, version: str, upstream: str) -> dict:
     """What every stored history of ``upstream`` shares in its key (see the module's docstring)."""
-    return {"release": cache.release(repo, version), "step_timeout": STEP_TIMEOUT,
-            "job": cache.files_digest([*cache.kit_files(JOBS[upstream], KIT_ROOT), *SENDERS], KIT_ROOT),
-            "environment": cache.environment_inputs()}
+    return cache.run_inputs(repo, version, JOBS[upstream], SENDERS, STEP_TIMEOUT)
 
 
 def storable(exchanges: list) -> bool:

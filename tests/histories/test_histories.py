@@ -9,12 +9,12 @@ runs is unchanged (``scripts/histories/cache.py``; ``FLOWS_CACHE=0`` runs it), w
 ``history_release_reused`` property.
 """
 
-import importlib.metadata
 import json
 
 import pytest
 
 from scripts.flows.cache import CACHE, reuse_on
+from scripts.flows.run import release_version
 from scripts.histories import cache, judge, stored
 from scripts.histories.servers import for_sides
 from scripts.sources import KIT_ROOT
@@ -27,8 +27,7 @@ STORED = {name: stored.load(name) for name in UPSTREAMS}
 def _records(tmp_path_factory, name):
     def run(out_dir):
         servers = {}
-        version = importlib.metadata.version(name).split("+")[0]
-        shared = cache.release_inputs(KIT_ROOT / "upstream" / name, version, name)
+        shared = cache.release_inputs(KIT_ROOT / "upstream" / name, release_version(name), name)
         try:
             servers = for_sides(name, out_dir)
             records, reused = cache.replay_stored(servers, out_dir, STORED[name], shared, CACHE, reuse_on())
