@@ -17,9 +17,11 @@ RANK_SCRIPT = """
 import json, os, sys, time
 out = sys.argv[1]
 keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
-with open(os.path.join(out, f"rank{os.environ['RANK']}.json"), "w") as f:
+path = os.path.join(out, f"rank{os.environ['RANK']}.json")
+with open(path + ".part", "w") as f:  # renamed when whole: a reader polling for the file never sees it half written
     json.dump({k: os.environ[k] for k in keys} | {"pid": os.getpid(), "parent": os.getppid(), "main": __name__,
                "argv": sys.argv, "preloaded": "colorsys" in sys.modules, "path0": sys.path[0]}, f)
+os.replace(path + ".part", path)
 if os.environ["RANK"] == sys.argv[2]:
     sys.exit(3)
 if sys.argv[2] == "wait":
@@ -66,13 +68,19 @@ def test_sigterm_to_the_launcher_ends_every_rank(tmp_path, preload):
     script.write_text(RANK_SCRIPT)
     proc = subprocess.Popen([sys.executable, ranks.__file__, "2", str(script), str(tmp_path), "wait"],
                             env={**os.environ, "JOB_PRELOAD": preload})
-    deadline = time.monotonic() + 30
-    while not all((tmp_path / f"rank{r}.json").exists() for r in range(2)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pids = [json.loads((tmp_path / f"rank{r}.json").read_text())["pid"] for r in range(2)]
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
-    assert not any(launch.running(pid) for pid in pids)
+    try:
+        deadline = time.monotonic() + 30
+        while not all((tmp_path / f"rank{r}.json").exists() for r in range(2)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, "the launcher ended before both ranks started"
+        pids = [json.loads((tmp_path / f"rank{r}.json").read_text())["pid"] for r in range(2)]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert not any(launch.running(pid) for pid in pids)
+    finally:
+        if proc.poll() is None:  # a failed assertion above: the launcher's own SIGTERM handling ends its ranks
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 def test_a_wrong_count_is_one_line(tmp_path):
