@@ -33,8 +33,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the reports go (default {OUT})")
     parser.add_argument("--at", default="", metavar="REV",
                         help="run this commit of each checkout as the series, the same for both (e.g. HEAD~1: each "
-                        "stack without its last commit; Accelerate's first of 5 is HEAD~4, DeepSpeed's first of 4 "
-                        "HEAD~3)")
+                        "stack without its last commit; Accelerate's first of 5 is HEAD~4, DeepSpeed's first of 6 "
+                        "HEAD~5)")
     parser.add_argument("--no-cache", action="store_true",
                         help="run every release column, reusing none from build/flows-cache (FLOWS_CACHE=0)")
     args = parser.parse_args(argv)

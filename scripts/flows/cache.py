@@ -11,16 +11,20 @@ records are a function of neither the series nor the checkout: only of
   timeout;
 - the environment: the lock, every installed distribution, the Python and torch (``scripts.cache``).
 
-The records are stored, not the verdicts: ``judge.py`` judges reused records as it judges new ones, so the judge's
-code is not an input. A column is stored only when every rank recorded every part and none hung or crashed (a crash
-may be the machine's: those columns run again). Entries live in ``build/flows-cache/<key>/entry.json``
-(``scripts.cache``); ``make flows FLOWS_CACHE=0`` and ``make test FLOWS_CACHE=0`` run every column and store anew.
-"""
+The records are stored, not the verdicts: ``judge.py`` judges reused records as it judges new ones, so the judge's code
+is not an input. A column is stored only when every rank recorded every part, none hung, and every crash is the code's
+(``code_crash``): a traceback of the job's own, ending in an exception that is not a lost peer or a timeout, or in a
+part where another rank's crash is the code's, a lost peer or a rank its launcher ended. A crash that may be the
+machine's (a rank killed, so its record is the runner's; a reset connection or a timeout alone) runs again each time.
+Entries live in ``build/flows-cache/<key>/entry.json`` (``scripts.cache``); ``make flows FLOWS_CACHE=0`` and ``make
+test FLOWS_CACHE=0`` run every column and store anew."""
 
 import os
+import re
 from pathlib import Path
 
 from scripts import cache
+from scripts.flows.judge import PEER_LOST
 from scripts.sources import KIT_ROOT
 
 CACHE = KIT_ROOT / "build" / "flows-cache"
@@ -54,11 +58,41 @@ def load(folder: Path, column_key: str) -> dict | None:
     return entry if entry and isinstance(entry.get("parts"), dict) else None
 
 
+# The last line of a traceback that may be the machine's rather than the code's: a peer lost (Gloo), a timeout, memory,
+# a DataLoader worker killed
+MACHINE_CRASH = re.compile(PEER_LOST.pattern + r"|timed out|Timed out|Timeout|MemoryError|killed by signal|"
+                           r"exited unexpectedly")
+
+
+def _last_line(record: dict) -> str | None:
+    # The last line of the traceback a crash the job recorded holds (its exception; None for the runner's note of a
+    # rank that wrote no record)
+    text = record.get("crash", "").strip()
+    return None if record.get("runner") or not text else text.splitlines()[-1]
+
+
+def code_crash(record: dict) -> bool:
+    """Whether ``record`` is a crash the job recorded (its traceback; not the runner's note of a rank that wrote none)
+    whose exception is the code's: its last line names no lost peer, timeout, memory error or killed worker."""
+    line = _last_line(record)
+    return line is not None and not MACHINE_CRASH.search(line)
+
+
 def storable(parts: dict) -> bool:
-    """Whether a release column's records may be reused: every rank recorded every part, none hung or crashed (a
-    crash can be the machine's, an OOM kill or a reset connection: such a column runs again each time)."""
+    """Whether a release column's records may be reused: every rank recorded every part, none hung, and each part's
+    crashes are the code's (``code_crash``), or beside one that is, a lost peer or a rank the launcher ended (the
+    runner's note: a rank that exits ends the others of its job). Anything else may be the machine's and runs again
+    each time."""
     records = [r for found in parts.values() for r in found]
-    return bool(records) and all(r is not None and "hang" not in r and "crash" not in r for r in records)
+    if not records or any(r is None or "hang" in r for r in records):
+        return False
+    for found in parts.values():
+        crashes = [r for r in found if "crash" in r]
+        others = [r for r in crashes if not code_crash(r)]
+        if crashes and (len(others) == len(crashes)
+                        or not all(r.get("runner") or PEER_LOST.search(_last_line(r)) for r in others)):
+            return False
+    return True
 
 
 def store(folder: Path, column_key: str, parts: dict) -> None:

@@ -201,6 +201,7 @@ def uncovered_pairs(upstream: str, kind: str, flows: list[dict]) -> list[tuple]:
 # them. A job checkpoints at optimizer step k, dies at step m > k and restarts from its checkpoint (issue 39).
 DEEPSPEED_RESUME = {
     "ranks": ["1", "2"],
+    "parallel": ["data", "tensor", "tensor-each", "pipeline"],
     "workers": ["0", "2"],
     "clusters": ["single", "schedule", "two-metrics"],
     "checkpoint": ["early", "late"],
@@ -210,11 +211,19 @@ DEEPSPEED_RESUME = {
 }
 DEEPSPEED_ORDER = {
     "ranks": ["1", "2"],
+    "parallel": ["data", "tensor", "tensor-each", "pipeline"],
     "workers": ["0", "2"],
     "clusters": ["single", "schedule", "two-metrics"],
 }
 DEEPSPEED_WORDS = {
-    "ranks": {"1": "one data-parallel rank", "2": "two data-parallel ranks (Gloo processes), at save and at load"},
+    "ranks": {"1": "one rank", "2": "two ranks (Gloo processes), at save and at load"},
+    "parallel": {
+        "data": "the ranks are data-parallel",
+        "tensor": "an mpu of tensor-parallel size 2 (data-parallel groups {0} and {1}), the loader on both ranks; "
+                  "rank 0 reads it and broadcasts each micro-batch to rank 1 (Megatron's broadcast_data)",
+        "tensor-each": "the same mpu, each rank reads its own loader",
+        "pipeline": "a 2-stage PipelineModule (its grid: data-parallel groups {0} and {1}), engine.train_batch()",
+    },
     "workers": {"0": "data_sampling.num_workers 0", "2": "data_sampling.num_workers 2 (the DataLoader prefetches)"},
     "clusters": {
         "single": "clustering_type single_cluster: one cluster of every sample",
@@ -243,12 +252,15 @@ DEEPSPEED_WORDS = {
     "versions": {"series": "the series saves and loads", "rollback": "saved by the series, loaded by 0.19.8",
                  "upgrade": "saved by 0.19.8, loaded by the series"},
 }
+_ONE_RANK = (("ranks", "parallel"), lambda f: f["ranks"] == "1" and f["parallel"] != "data",
+             "model parallelism of size 2 needs two ranks")
 DEEPSPEED_RESUME_IMPOSSIBLE = [
+    _ONE_RANK,
     (("path", "versions"), lambda f: f["path"] == "module-only" and f["versions"] != "series",
      "a module-only load reads the model's weights alone, which 0.19.8 and the series write alike, and its data "
      "starts again on the loading code: no sampler state crosses versions"),
 ]
-DEEPSPEED_ORDER_IMPOSSIBLE = []
+DEEPSPEED_ORDER_IMPOSSIBLE = [_ONE_RANK]
 _C55 = {"ranks": "1", "clusters": "single", "checkpoint": "early", "path": "iterator-first", "keep": "all",
         "versions": "series"}
 DEEPSPEED_RESUME_PRESETS = [
@@ -264,6 +276,14 @@ DEEPSPEED_RESUME_PRESETS = [
      "versions": "series"},
     {"ranks": "2", "workers": "2", "clusters": "schedule", "checkpoint": "late", "path": "engine", "keep": "last-2",
      "versions": "series"},
+]
+_C61 = {"ranks": "2", "workers": "0", "clusters": "single", "checkpoint": "early", "path": "engine", "keep": "all",
+        "versions": "series"}
+DEEPSPEED_RESUME_PRESETS += [
+    # c61: model-parallel jobs, each rank a data-parallel group of its own
+    {**_C61, "parallel": "tensor"},  # the loader on both tensor-parallel ranks, rank 0 reads and broadcasts
+    {**_C61, "parallel": "tensor-each"},  # each tensor-parallel rank reads its own loader
+    {**_C61, "parallel": "pipeline"},  # a 2-stage pipeline
 ]
 DEEPSPEED_ORDER_PRESETS = [{"ranks": "1", "workers": "0", "clusters": "single"}]
 register("deepspeed", "resume", DEEPSPEED_RESUME, DEEPSPEED_RESUME_IMPOSSIBLE, DEEPSPEED_RESUME_PRESETS)

@@ -20,18 +20,27 @@ release resumes exactly counts (the issue's rule counts only wrong, uneven, hang
 every load would pass it), ``fixed`` when the series is ``exact`` and the release is not.
 """
 
+import re
 from collections import Counter
 
 ORDER = ("exact", "error", "warned", "wrong", "uneven", "hang", "crash")  # best first
 RANK = {"exact": 0, "error": 1, "warned": 2, "wrong": 3, "uneven": 4, "hang": 4, "crash": 4}
 BUGS = ("AttributeError", "KeyError", "TypeError", "IndexError", "NameError", "UnboundLocalError")
+# The last line of a rank's crash when a peer ended first (Gloo): a consequence, not the cause
+PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe")
 
 
 def failure(records: list[dict | None], what: str) -> tuple[str, str] | None:
     """``(crash | hang, detail)`` when a rank of a part crashed, hung or wrote no record (in that order: a crash is
-    what its peers then wait for); None when every rank has a result (or an ``error``)."""
+    what its peers then wait for; of crashes, one that is not a lost peer first, as the cause); None when every rank
+    has a result (or an ``error``)."""
+    def lost_peer(record):
+        lines = record["crash"].strip().splitlines() if "crash" in record else []
+        return bool(lines) and bool(PEER_LOST.search(lines[-1]))
+
+    ordered = sorted(enumerate(records), key=lambda item: item[1] is not None and lost_peer(item[1]))
     for kind in ("crash", "hang"):
-        for rank, record in enumerate(records):
+        for rank, record in ordered:
             if record is not None and kind in record:
                 lines = record[kind].strip().splitlines() or [""]
                 said = [line for line in lines if "Error" in line or "Exception" in line] or lines
@@ -166,10 +175,13 @@ def order_outcome(records: list[dict | None]) -> tuple[str, str]:
 
 def release_order_outcome(records: list[dict | None], release: list[dict | None]) -> tuple[str, str]:
     """The outcome of the series column of a ``release-order`` flow: its uninterrupted ``run`` (batches of sample
-    ids, per process) against the release column's."""
-    failed = failure(records, "the run") or failure(release, "the release's run")
+    ids, per process) against the release column's; exact when the series runs a job the release cannot (there is no
+    order of the release to keep)."""
+    failed = failure(records, "the run")
     if failed:
         return failed
+    if failure(release, "the release's run"):
+        return "exact", ""
     problems = [compare(r["run"], s["run"], f"process {rank} against the release")
                 for rank, (s, r) in enumerate(zip(records, release, strict=True))]
     return _wrong("; ".join(filter(None, problems)))

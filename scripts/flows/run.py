@@ -35,7 +35,6 @@ JOBS = {"accelerate": KIT / "tests" / "flows" / "accelerate_job.py", "deepspeed"
 # seconds for each task at most, which the plan hands to the job (a task that takes longer records a hang and ends its
 # server); a plan's own timeout (START_TIMEOUT + TASK_TIMEOUT per task) is only the net below that
 TASK_TIMEOUT = float(os.environ.get("FLOWS_TASK_TIMEOUT", "90"))
-ROUNDS = 12  # plans of one group at most (each after a task that ended its server)
 
 
 def codes(column: str, versions: str) -> tuple[str, str]:
@@ -192,14 +191,11 @@ def _check_code(name: str, code: str, release: Path, found: list[dict | None], t
 def _run_phase(name, phase, groups, out, server, parallel, say):
     """Send every group of one phase its tasks as one plan, ``parallel`` servers at work at once (each batch launched
     first, to start side by side), and again the tasks after one that ended a server."""
-    pending = {key: list(tasks) for key, tasks in groups.items()}
-    for round_ in range(ROUNDS):
-        pending = {key: tasks for key, tasks in pending.items() if tasks}
-        if not pending:
-            return
-        keys = list(pending)
+    pending, round_ = {key: list(tasks) for key, tasks in groups.items()}, 0
+    while pending := {key: tasks for key, tasks in pending.items() if tasks}:  # each round records a task at least
+        keys, round_ = list(pending), round_ + 1
         sizes = ", ".join(f"{c} x{n}: {len(pending[(c, n)])} tasks" for c, n in keys)
-        say(f"flows: {name}: phase {phase}, round {round_ + 1}: {len(keys)} servers ({sizes})")
+        say(f"flows: {name}: phase {phase}, round {round_}: {len(keys)} servers ({sizes})")
         for at in range(0, len(keys), parallel):
             batch, started = keys[at:at + parallel], time.monotonic()
             for key in batch:

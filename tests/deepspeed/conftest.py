@@ -1,11 +1,11 @@
 """Fixtures for the DeepSpeed regression suite (DeepSpeed issue #8787).
 
-The curriculum data sampler calls two collectives, ``deepspeed.comm.barrier`` (after building a difficulty
-cluster) and ``deepspeed.comm.broadcast`` (to send each global batch from global rank 0). The sampler-level tests
-run in one process without a process group and ask for ``stub_collectives``, which replaces both by no-ops for the
-duration of each test. With ``global_rank=0`` the sampler draws the global batch itself and the broadcast has
-nothing to deliver. The engine-level tests launch real processes and stub nothing.
-"""
+The curriculum data sampler calls two collectives, ``deepspeed.comm.barrier`` (after building a difficulty cluster) and
+``deepspeed.comm.broadcast`` (to send each global batch from global rank 0; with the series, from the first rank of its
+data-parallel group, which is global rank 0 without model parallelism or a process group). The sampler-level tests run
+in one process without a process group and ask for ``stub_collectives``, which replaces both by no-ops for the duration
+of each test. With ``global_rank=0`` the sampler draws the global batch itself and the broadcast has nothing to
+deliver. The engine-level tests launch real processes and stub nothing."""
 
 import numpy as np
 import pytest

@@ -239,14 +239,12 @@ def other_bit_generator_state(state, key, sampler):
     return other
 
 
-@pytest.mark.regression("deepspeed", 8787)
-@pytest.mark.parametrize("key", ["open-prs", "mt19937", "global-pcg64"])
-def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
-    """A state that holds a generator's state (the sampler's, another bit generator's) or numpy's global RandomState
-    of the sampler's bit generator type only under ``"np_rng_state"`` takes the legacy state's path: it loads, the
-    sampler's stream restarts from the seed, global rank 0 logs one warning, numpy's global RNG is left alone."""
+def load_saved_state_of(tmp_path, key):
+    """A new sampler that loaded, after numpy's global RNG was seeded with 21, the state ``other_bit_generator_state``
+    makes of ``key`` from a sampler that read 5 batches; returns (those 5 batches, the new sampler, the messages its
+    load logged at WARNING, the global RNG's next draws as they were before the load)."""
     sampler = make_sampler(tmp_path, "saved", SEVERAL_CLUSTERS)
-    take(sampler, 5)
+    before = take(sampler, 5)
     state = through_checkpoint(other_bit_generator_state(sampler.state_dict(), key, sampler))
     np.random.seed(21)
     expected_draws = peek_global_numpy_draws()
@@ -257,7 +255,28 @@ def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
         load(resumed, state, f"{key} state under 'np_rng_state'")
     finally:
         deepspeed_logger.removeHandler(handler)
-    messages = [record.getMessage() for record in handler.records]
+    return before, resumed, [record.getMessage() for record in handler.records], expected_draws
+
+
+@pytest.mark.regression("deepspeed", 8787)
+def test_state_the_open_prs_write_resumes_exactly(tmp_path):
+    """A state of the old keys with the sampler's own generator state under ``"np_rng_state"`` (what the open PRs
+    #8406 and #8425 write, whichever is merged first) resumes exactly, without a warning, numpy's global RNG left
+    alone (before any cluster reshuffle: the old keys hold no reshuffle)."""
+    expected = take(make_sampler(tmp_path, "uninterrupted", SEVERAL_CLUSTERS), NUM_BATCHES)
+    before, resumed, messages, expected_draws = load_saved_state_of(tmp_path, "open-prs")
+    assert before + take(resumed, NUM_BATCHES - 5) == expected
+    assert peek_global_numpy_draws() == expected_draws, "load_state_dict() moved numpy's global RNG"
+    assert not messages, messages
+
+
+@pytest.mark.regression("deepspeed", 8787)
+@pytest.mark.parametrize("key", ["mt19937", "global-pcg64"])
+def test_other_bit_generator_state_restarts_from_seed_and_warns(tmp_path, key):
+    """A state that holds another bit generator's state, or numpy's global RandomState of the sampler's bit generator
+    type, only under ``"np_rng_state"`` takes the legacy state's path: it loads, the sampler's stream restarts from
+    the seed, global rank 0 logs one warning, numpy's global RNG is left alone."""
+    _, resumed, messages, expected_draws = load_saved_state_of(tmp_path, key)
     assert peek_global_numpy_draws() == expected_draws, "load_state_dict() moved numpy's global RNG"
     assert resumed.np_rng.bit_generator.state == np.random.default_rng(SEED).bit_generator.state, (
         "after a state of another bit generator the sampler's generator does not start from the seed"

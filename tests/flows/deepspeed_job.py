@@ -8,8 +8,13 @@ each task writes ``<out>/<flow>.<column>.<part>.rank<N>.json``.
 
 The job: ``deepspeed.initialize(training_data=...)`` over ``NUM_SAMPLES`` samples (sample ``i`` is the tensor
 ``[i]``, so a micro-batch tells which samples it holds) with ``data_efficiency`` curriculum sampling
-(``DeepSpeedDataSampler``), ``GLOBAL_MICRO_BATCH`` samples a micro-batch across the ranks, gradient accumulation
-``GAS``, a tiny linear model trained by SGD; ``STEPS`` optimizer steps uninterrupted. The saving run checkpoints after
+(``DeepSpeedDataSampler``), ``GLOBAL_MICRO_BATCH`` samples a micro-batch across the data-parallel ranks, gradient
+accumulation ``GAS``, a tiny linear model trained by SGD; ``STEPS`` optimizer steps uninterrupted. ``parallel``: the
+ranks are data-parallel (``data``), or each rank is a data-parallel group of its own, {0} and {1}: an ``mpu`` of
+tensor-parallel size 2 with rank 0 reading the loader and broadcasting each micro-batch to rank 1 over the
+tensor-parallel group (``tensor``, Megatron's ``broadcast_data``; rank 1 has a loader it never reads) or each rank
+reading its own (``tensor-each``), or a 2-stage ``PipelineModule`` trained by ``train_batch()`` (``pipeline``: rank 0
+records the inputs of the first stage, rank 1 the labels of the last). The saving run checkpoints after
 steps 1 .. k (``keep`` ``last-2``: 1 .. k + 1, deleting all but the last two), trains on to step m (``CHECKPOINTS``:
 k and m per ``clusters`` and ``checkpoint``) and dies there. The restart is a new engine in this process with the
 saving run's ``data_cluster_path``; it loads step k (the newest checkpoint, or with ``last-2`` the older one kept, as a
@@ -38,11 +43,13 @@ import numpy as np
 import torch
 import torch._compile
 import torch.distributed as dist
+from deepspeed.pipe import LayerSpec, PipelineModule
 from deepspeed.runtime.data_pipeline.data_sampling.utils import close_mmap_dataset_builder, create_mmap_dataset_builder
 from deepspeed.runtime.dataloader import RepeatingLoader
-from deepspeed.utils import logger
+from deepspeed.utils import groups, logger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root, for tests.rank_worker
+from tests.deepspeed.mpu import TensorParallelMPU  # noqa: E402
 from tests.flows.tasks import serve_plans  # noqa: E402
 from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
@@ -75,6 +82,7 @@ CHECKPOINTS = {
     "two-metrics": {"early": (1, 4), "late": (7, 10)},
 }
 DATASET = [torch.tensor([float(i)]) for i in range(NUM_SAMPLES)]
+PAIRS = [(x, x) for x in DATASET]  # a pipeline's (input, label)
 
 
 class PlainSGD(torch.optim.Optimizer):
@@ -108,6 +116,19 @@ def world():
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
+def parallel(factors):
+    return factors.get("parallel", "data")
+
+
+MPU = []  # this rank's TensorParallelMPU, made at the first tensor-parallel task
+
+
+def mpu():
+    if not MPU:
+        MPU.append(TensorParallelMPU())
+    return MPU[0]
+
+
 def barrier():
     if world() > 1:
         dist.barrier()
@@ -133,7 +154,7 @@ def engine_for(factors, folder, clusters):
         metrics[name] = dict(metric) if seed is None else {**metric, "index_to_sample_path": write_index(folder, seed)}
     barrier()  # the maps are written
     config = {
-        "train_micro_batch_size_per_gpu": GLOBAL_MICRO_BATCH // world(),
+        "train_micro_batch_size_per_gpu": GLOBAL_MICRO_BATCH // (world() if parallel(factors) == "data" else 1),
         "gradient_accumulation_steps": GAS,
         "steps_per_print": 10**6,
         "data_efficiency": {
@@ -149,25 +170,68 @@ def engine_for(factors, folder, clusters):
         },
     }
     torch.manual_seed(0)
-    model = torch.nn.Linear(1, 1)
-    engine, _, loader, _ = deepspeed.initialize(model=model, optimizer=PlainSGD(model.parameters()),
-                                                training_data=DATASET, config=config)
+    # A new job in this process: DeepSpeed keeps the last engine's mpu (a tensor-parallel flow's, or a pipeline's
+    # grid) in deepspeed.utils.groups, where an engine built without one would take its groups.
+    groups.mpu = None
+    if parallel(factors) == "pipeline":
+        seen = []
+        module = PipelineModule(layers=[LayerSpec(torch.nn.Linear, 1, 1), LayerSpec(torch.nn.Linear, 1, 1)],
+                                num_stages=2, loss_fn=recording_loss(seen))
+        if dist.get_rank() == 0:  # the first stage: the inputs it trains on
+            module.forward_funcs[0].register_forward_pre_hook(lambda _, args: seen.append(ids(args[0])))
+        engine, _, _, _ = deepspeed.initialize(model=module, optimizer=PlainSGD(module.parameters()),
+                                               training_data=PAIRS, config=config)
+        engine.kit_seen = seen
+        loader = engine.training_dataloader.loader  # the DeepSpeedDataLoader in the pipeline's RepeatingLoader
+    else:
+        model = torch.nn.Linear(1, 1)
+        tensor = parallel(factors).startswith("tensor")
+        engine, _, loader, _ = deepspeed.initialize(model=model, optimizer=PlainSGD(model.parameters()),
+                                                    training_data=DATASET, config=config,
+                                                    mpu=mpu() if tensor else None)
     LOADERS.append(loader)
     return engine, loader
 
 
+def ids(batch):
+    return [int(i) for i in batch.flatten()]
+
+
+def recording_loss(seen):
+    """The pipeline's loss: on the last stage (rank 1) it also records the labels that stage read."""
+
+    def loss(output, labels):
+        if dist.get_rank() == 1:
+            seen.append(ids(labels))
+        return torch.nn.functional.mse_loss(output, labels)
+
+    return loss
+
+
 def batches_of(factors, loader):
     """The iterator training reads: ``iterator-first`` builds ``RepeatingLoader(loader)`` (as the pipeline engine
-    does, ``deepspeed/runtime/pipe/engine.py`` ``_build_data_iter``), the others ``iter(loader)``."""
+    does, ``deepspeed/runtime/pipe/engine.py`` ``_build_data_iter``), the others ``iter(loader)``; None where the rank
+    reads none (the pipeline engine reads its own RepeatingLoader, made when it was built; ``tensor``: rank 1
+    receives rank 0's micro-batches, as Megatron makes a data iterator on tensor-parallel rank 0 only)."""
+    if parallel(factors) == "pipeline" or (parallel(factors) == "tensor" and dist.get_rank() != 0):
+        return None
     return RepeatingLoader(loader) if factors.get("path") == "iterator-first" else iter(loader)
 
 
-def train(engine, batches, steps):
-    """``steps`` optimizer steps on ``batches``; the sample ids of every micro-batch."""
+def train(factors, engine, batches, steps):
+    """``steps`` optimizer steps on ``batches`` (the pipeline reads its own); the sample ids of every micro-batch this
+    rank trained on."""
+    if parallel(factors) == "pipeline":
+        start = len(engine.kit_seen)
+        for _ in range(steps):
+            engine.train_batch()
+        return engine.kit_seen[start:]
     seen = []
     for _ in range(steps * GAS):
-        batch = next(batches)
-        seen.append([int(i) for i in batch[:, 0]])
+        batch = next(batches) if batches is not None else torch.empty(GLOBAL_MICRO_BATCH, 1)
+        if parallel(factors) == "tensor":
+            dist.broadcast(batch, 0, group=mpu().tensor_group)
+        seen.append(ids(batch))
         engine.backward(engine(batch).pow(2).mean())
         engine.step()
     return seen
@@ -182,14 +246,14 @@ def stop(loader):
 LOADERS = []  # the loaders of the running task: stopped after it, also when it raised
 
 
-TRUTHS = {}  # the uninterrupted runs of this launch (one code, one number of ranks), per workers and clusters
+TRUTHS = {}  # the uninterrupted runs of this launch (one code, one number of ranks), per workers, clusters, parallel
 
 
 def truth_of(factors, folder):
-    key = (factors["workers"], factors["clusters"])
+    key = (factors["workers"], factors["clusters"], parallel(factors))
     if key not in TRUTHS:
         engine, loader = engine_for(factors, folder, Path(folder) / "clusters-uninterrupted")
-        TRUTHS[key] = train(engine, iter(loader), STEPS)
+        TRUTHS[key] = train(factors, engine, batches_of({**factors, "path": "engine"}, loader), STEPS)
         stop(loader)
     return TRUTHS[key]
 
@@ -239,10 +303,10 @@ def save_part(factors, folder):
     engine, loader = engine_for(factors, folder, Path(folder) / "clusters")
     batches, read, done = batches_of(factors, loader), [], 0
     for step in range(1, k + (2 if factors["keep"] == "last-2" else 1)):
-        read += train(engine, batches, step - done)
+        read += train(factors, engine, batches, step - done)
         save(factors, engine, loader, Path(folder) / "checkpoints", step)
         done = step
-    read += train(engine, batches, m - done)
+    read += train(factors, engine, batches, m - done)
     stop(loader)
     return {"truth": [truth], "epoch": 0, "step": 0 if factors["path"] == "module-only" else k * GAS, "at_end": False,
             "partition": False, "before": read[:k * GAS], "after": read[k * GAS:], "checkpoint_step": k,
@@ -264,8 +328,8 @@ def load_part(factors, folder):
         stop(loader)
         return {"error": failed or next(f for f in failures if f), "raised_here": failed is not None}
     if batches is None:
-        batches = iter(loader)
-    loops = [train(engine, batches, STEPS - (0 if factors["path"] == "module-only" else k))]
+        batches = batches_of({**factors, "path": "engine"}, loader)
+    loops = [train(factors, engine, batches, STEPS - (0 if factors["path"] == "module-only" else k))]
     stop(loader)
     return {"loops": loops, "warnings": said["warnings"]}
 

@@ -45,9 +45,9 @@ class Job:
 
     def __init__(self, config, rank, name):
         self.rank = rank
-        factors = {"clusters": config["clusters"], "workers": config["workers"]}
+        self.factors = {"clusters": config["clusters"], "workers": config["workers"]}  # data-parallel
         clusters = Path(rank.root) / ("clusters" if name == "subject" else "clusters-model")
-        self.engine, self.loader = flows_job.engine_for(factors, rank.root, clusters)
+        self.engine, self.loader = flows_job.engine_for(self.factors, rank.root, clusters)
         self.batches = None
 
     def close(self):
@@ -58,7 +58,7 @@ class Job:
     def data_step(self, op, args):
         if self.batches is None:
             self.batches = iter(self.loader)
-        return {"batches": flows_job.train(self.engine, self.batches, args["k"]), "ended": False}
+        return {"batches": flows_job.train(self.factors, self.engine, self.batches, args["k"]), "ended": False}
 
 
 class Rank(server.Rank):

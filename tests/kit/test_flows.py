@@ -83,6 +83,14 @@ def test_a_bug_raised_at_load_is_a_crash_and_an_error_hides_no_crash_of_another_
     assert judge.worst(judge.resume_parts(saved(), [{"crash": "RuntimeError: a"}, {"hang": "b"}], N))[0] == "crash"
 
 
+def test_a_crash_names_its_cause_before_the_peers_it_ended():
+    lost = {"crash": "Traceback\nRuntimeError: [gloo] Connection closed by peer [127.0.0.1]:1234"}
+    cause = {"crash": "Traceback\nValueError: Global rank 0 is not part of group"}
+    assert judge.failure([lost, cause], "the run") == ("crash", "the run: process 1: ValueError: Global rank 0 is "
+                                                                "not part of group")
+    assert judge.failure([lost, lost], "the run")[1].startswith("the run: process 0: RuntimeError")
+
+
 def test_a_checkpoint_that_ends_one_process_early_leaves_the_saving_run_uneven():
     cut = [save_record(TRUTH[0], 1), save_record(TRUTH[1], 1, after=[])]
     parts = judge.resume_parts(cut, loaded([[[2, 3]], [[6, 7]]], [TRUTH[0][1], TRUTH[1][1]]), N)
@@ -121,6 +129,16 @@ def test_a_regression_is_a_part_the_series_handles_worse():
     assert judge.verdict(wrong_next, wrong_rest) == "regression"  # both wrong, the series in one more part
     assert judge.verdict(wrong_rest, {"the rest of the epoch": ("uneven", "d")}) == "regression"
     assert judge.verdict(wrong_rest, exact) == "fixed"
+
+
+def test_a_release_order_flow_compares_the_series_run_with_the_release_run_where_the_release_has_one():
+    run, other = {"run": [[0, 1], [2, 3]]}, {"run": [[2, 3], [0, 1]]}
+    crashed = {"crash": "Traceback\nValueError: Global rank 0 is not part of group"}
+    assert judge.outcome("release-order", {"order": [run]}, N, {"order": [run]}) == {"the order": ("exact", "")}
+    assert judge.outcome("release-order", {"order": [other]}, N, {"order": [run]})["the order"][0] == "wrong"
+    # a job the release cannot run: no order of the release to keep, and the series' own failure still shows
+    assert judge.outcome("release-order", {"order": [run]}, N, {"order": [crashed]}) == {"the order": ("exact", "")}
+    assert judge.outcome("release-order", {"order": [crashed]}, N, {"order": [run]})["the order"][0] == "crash"
 
 
 def test_listed_differences_match_by_factors_and_unused_ones_are_reported():
@@ -325,11 +343,20 @@ def test_a_release_columns_key_changes_with_each_of_its_inputs_and_with_nothing_
     assert current() == before
 
 
-def test_only_a_release_column_every_rank_recorded_without_a_hang_or_a_crash_is_stored():
+def test_only_a_release_column_every_rank_recorded_without_a_hang_or_a_machines_crash_is_stored():
     ok = {"loops": []}
+    code = {"crash": "Traceback (most recent call last):\n  ...\nValueError: Global rank 0 is not part of group"}
+    peer = {"crash": "Traceback (most recent call last):\n  ...\nRuntimeError: [gloo] Connection closed by peer"}
+    timeout = {"crash": "Traceback (most recent call last):\n  ...\nRuntimeError: Socket Timeout"}
+    killed = {"crash": "no record; the launch exited 1", "runner": True}
     assert cache.storable({"save": [ok, ok], "load": [ok, ok]})
-    assert not cache.storable({"order": [{"crash": "Traceback ... KeyError: 'x'"}]})  # maybe the machine's: again
+    assert cache.storable({"order": [code, peer]})  # the code's error on one rank ended the other: the same each time
+    assert cache.storable({"save": [ok, ok], "load": [code, code]})
+    assert not cache.storable({"order": [peer, peer]})  # a lost peer alone may be the machine's: again
+    assert not cache.storable({"order": [timeout, code]})
+    assert cache.storable({"save": [code, killed]})  # the launcher ended the other rank when this one exited
+    assert not cache.storable({"save": [peer, killed]})  # a rank killed (out of memory) wrote no record
     assert not cache.storable({"save": [ok, None], "load": [ok, ok]})
     assert not cache.storable({"save": [ok, {"hang": "no result after 90 s"}]})
-    assert not cache.storable({"save": [ok, {"crash": "no record; the launch exited 1", "runner": True}]})
+    assert not cache.storable({"save": [ok, killed]})
     assert not cache.storable({})
