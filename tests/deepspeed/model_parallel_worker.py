@@ -7,8 +7,8 @@ size 1: each rank is a data-parallel group of its own, {0} and {1}, as in a Mega
 size 2 or a DeepSpeed pipeline of 2 stages. Scenarios:
 
 - ``tensor-rank0-only``: an ``mpu`` of tensor-parallel size 2 passed to ``deepspeed.initialize()``, ``training_data``
-  on rank 0 only (Megatron-DeepSpeed's ``training.py``); rank 0 reads the DeepSpeed loader and broadcasts each
-  micro-batch to rank 1 over the tensor-parallel group (Megatron's ``broadcast_data``);
+  on rank 0 only (Megatron-DeepSpeed's ``training.py`` without a pipeline); rank 0 reads the DeepSpeed loader and
+  broadcasts each micro-batch to rank 1 over the tensor-parallel group (Megatron's ``broadcast_data``);
 - ``tensor-rank0-reads``: the same with ``training_data`` on both ranks (Megatron-LM's datasets built on every rank):
   rank 1 never reads its own loader;
 - ``tensor-each-reads``: the same ``mpu``, each rank reads its own loader;
