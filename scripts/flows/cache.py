@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from scripts import cache
-from scripts.flows.judge import PEER_LOST
+from scripts.flows.judge import PEER_LOST, crash_line, lost_peer
 from scripts.sources import KIT_ROOT
 
 CACHE = KIT_ROOT / "build" / "flows-cache"
@@ -64,18 +64,11 @@ MACHINE_CRASH = re.compile(PEER_LOST.pattern + r"|timed out|Timed out|Timeout|Me
                            r"exited unexpectedly")
 
 
-def _last_line(record: dict) -> str | None:
-    # The last line of the traceback a crash the job recorded holds (its exception; None for the runner's note of a
-    # rank that wrote no record)
-    text = record.get("crash", "").strip()
-    return None if record.get("runner") or not text else text.splitlines()[-1]
-
-
 def code_crash(record: dict) -> bool:
     """Whether ``record`` is a crash the job recorded (its traceback; not the runner's note of a rank that wrote none)
     whose exception is the code's: its last line names no lost peer, timeout, memory error or killed worker."""
-    line = _last_line(record)
-    return line is not None and not MACHINE_CRASH.search(line)
+    line = crash_line(record)
+    return not record.get("runner") and bool(line) and not MACHINE_CRASH.search(line)
 
 
 def storable(parts: dict) -> bool:
@@ -90,7 +83,7 @@ def storable(parts: dict) -> bool:
         crashes = [r for r in found if "crash" in r]
         others = [r for r in crashes if not code_crash(r)]
         if crashes and (len(others) == len(crashes)
-                        or not all(r.get("runner") or PEER_LOST.search(_last_line(r)) for r in others)):
+                        or not all(r.get("runner") or lost_peer(r) for r in others)):
             return False
     return True
 

@@ -30,14 +30,21 @@ BUGS = ("AttributeError", "KeyError", "TypeError", "IndexError", "NameError", "U
 PEER_LOST = re.compile(r"Connection (closed|reset) by peer|Broken pipe")
 
 
+def crash_line(record: dict) -> str:
+    """The last line of a record's ``crash`` (the exception a traceback ends in); '' when it has none."""
+    lines = record.get("crash", "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def lost_peer(record: dict) -> bool:
+    """Whether a record's crash is a lost peer (it ended because another rank did)."""
+    return bool(PEER_LOST.search(crash_line(record)))
+
+
 def failure(records: list[dict | None], what: str) -> tuple[str, str] | None:
     """``(crash | hang, detail)`` when a rank of a part crashed, hung or wrote no record (in that order: a crash is
     what its peers then wait for; of crashes, one that is not a lost peer first, as the cause); None when every rank
     has a result (or an ``error``)."""
-    def lost_peer(record):
-        lines = record["crash"].strip().splitlines() if "crash" in record else []
-        return bool(lines) and bool(PEER_LOST.search(lines[-1]))
-
     ordered = sorted(enumerate(records), key=lambda item: item[1] is not None and lost_peer(item[1]))
     for kind in ("crash", "hang"):
         for rank, record in ordered:
