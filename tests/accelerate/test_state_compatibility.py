@@ -14,6 +14,7 @@ sides are the release: the guards pass there and fail when the series changes wh
 """
 
 import io
+import multiprocessing
 
 import accelerate.data_loader as data_loader_module
 import pytest
@@ -417,6 +418,53 @@ def test_shuffled_loader_of_one_process_resumes_in_every_epoch_in_the_release_s_
         if epochs_with_states(restarted, 3 - read // epoch_length) != batches[read:]:
             wrong.append(read)
     assert not wrong, f"the restarts after these numbers of batches read other batches: {wrong}"
+
+
+class EpochTagged(torch.utils.data.Dataset):
+    """Sample ``i`` of epoch ``e`` is ``i + 1000 * e``: an epoch-dependent transform, told by ``set_epoch()``, as
+    ``datasets`` and augmentation pipelines have."""
+
+    epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return NUM_SAMPLES
+
+    def __getitem__(self, index):
+        return index + 1000 * self.epoch
+
+
+@pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
+def test_loading_a_state_starts_no_worker_and_set_epoch_after_it_reaches_the_data(pristine, num_workers):
+    """As the release's, no DataLoader worker runs after a state recorded in an epoch is loaded into a new loader
+    (counted as live children; 1.16.0's ``prepare()`` starts them and its load ends them), so a dataset's
+    ``set_epoch()`` called after the load, as a training loop calls it at the top of the resumed epoch, reaches every
+    resumed sample (the workers copy the dataset when they start). Input c56's kind; the series built the restored
+    iterator in ``load_state_dict()`` before."""
+    running, epochs = {}, {}
+    for module in (pristine, data_loader_module):
+
+        def loader():
+            torch.manual_seed(SEED)
+            user_loader = DataLoader(EpochTagged(), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
+            return module.prepare_data_loader(user_loader, num_processes=1, process_index=0, use_stateful_dataloader=True)
+
+        saving = loader()
+        saving.set_epoch(1)
+        batches = iter(saving)
+        next(batches), next(batches)
+        state = through_checkpoint(saving.state_dict())
+        list(batches)  # the end of the epoch: its workers are joined
+        children = len(multiprocessing.active_children())
+        restarted = loader()
+        restarted.load_state_dict(state)
+        running[module.__name__] = len(multiprocessing.active_children()) - children
+        restarted.set_epoch(1)
+        epochs[module.__name__] = sorted({i // 1000 for i in ids(restarted)})
+    assert running == dict.fromkeys(running, 0), f"DataLoader workers running after load_state_dict(): {running}"
+    assert epochs == dict.fromkeys(epochs, [1]), f"the epochs of the resumed samples, set_epoch(1) after the load: {epochs}"
 
 
 def processes(monkeypatch, num_processes):
