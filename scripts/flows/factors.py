@@ -203,7 +203,7 @@ DEEPSPEED_RESUME = {
     "ranks": ["1", "2"],
     "parallel": ["data", "tensor", "tensor-each", "pipeline"],
     "workers": ["0", "2"],
-    "clusters": ["single", "schedule", "two-metrics"],
+    "clusters": ["single", "schedule", "two-metrics", "shared-path"],
     "checkpoint": ["early", "late"],
     "path": ["sampler", "weights-only", "engine", "iterator-first", "module-only", "no-optimizer"],
     "keep": ["all", "last-2"],
@@ -229,6 +229,9 @@ DEEPSPEED_WORDS = {
         "single": "clustering_type single_cluster: one cluster of every sample",
         "schedule": "schedule_based percentile clusters: 16 samples, 8 more at step 4, the last 8 at step 7",
         "two-metrics": "two schedule_based metrics: clusters of the samples both allow, added over time",
+        "shared-path": "value-based clusters (fixed_linear, difficulty_step 8) in a data_cluster_path where another "
+                       "experiment (difficulty_step 16) left cluster files of the names of the steps that add no "
+                       "samples here; the uninterrupted run has a path of its own",
     },
     "checkpoint": {
         "early": "the checkpoint before the first cluster reshuffle, the crash 3 steps later, after one",
@@ -284,6 +287,13 @@ DEEPSPEED_RESUME_PRESETS += [
     {**_C61, "parallel": "tensor"},  # the loader on both tensor-parallel ranks, rank 0 reads and broadcasts
     {**_C61, "parallel": "tensor-each"},  # each tensor-parallel rank reads its own loader
     {**_C61, "parallel": "pipeline"},  # a 2-stage pipeline
+]
+DEEPSPEED_RESUME_PRESETS += [
+    # issue 50, item 2: an experiment in a data_cluster_path another experiment used, restarted past reshuffles
+    {"ranks": "1", "workers": "0", "clusters": "shared-path", "checkpoint": "late", "path": "engine", "keep": "all",
+     "versions": "series"},
+    {"ranks": "2", "workers": "2", "clusters": "shared-path", "checkpoint": "early", "path": "sampler",
+     "keep": "last-2", "versions": "series"},
 ]
 DEEPSPEED_ORDER_PRESETS = [{"ranks": "1", "workers": "0", "clusters": "single"}]
 register("deepspeed", "resume", DEEPSPEED_RESUME, DEEPSPEED_RESUME_IMPOSSIBLE, DEEPSPEED_RESUME_PRESETS)

@@ -40,7 +40,7 @@ CONFIGS = {
     "deepspeed": st.fixed_dictionaries({
         "processes": st.sampled_from(["1", "2"]),
         "workers": st.sampled_from(["0", "2"]),
-        "clusters": st.sampled_from(["single", "schedule", "two-metrics"]),
+        "clusters": st.sampled_from(["single", "schedule", "two-metrics", "shared-path"]),
     }),
 }
 STEPS = 14  # steps of a history at most (Hypothesis draws fewer, and shrinks)

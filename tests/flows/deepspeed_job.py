@@ -18,7 +18,9 @@ records the inputs of the first stage, rank 1 the labels of the last). The savin
 steps 1 .. k (``keep`` ``last-2``: 1 .. k + 1, deleting all but the last two), trains on to step m (``CHECKPOINTS``:
 k and m per ``clusters`` and ``checkpoint``) and dies there. The restart is a new engine in this process with the
 saving run's ``data_cluster_path``; it loads step k (the newest checkpoint, or with ``last-2`` the older one kept, as a
-job whose newest checkpoint is incomplete falls back to) and trains to step ``STEPS``. Parts:
+job whose newest checkpoint is incomplete falls back to) and trains to step ``STEPS``. With ``clusters``
+``shared-path`` another experiment used the saving run's ``data_cluster_path`` first (``other_experiment``); the
+uninterrupted run's path is its own, so it reads what the job reads alone. Parts:
 
 - ``save``: ``truth`` (the uninterrupted run's micro-batches, one "epoch": a curriculum run is no permutation per
   epoch, so ``partition`` is false), ``step`` (the micro-batch the restart goes on from: k times ``GAS``; 0 for
@@ -67,10 +69,20 @@ QUARTILES = {"clustering_type": "schedule_based", "difficulty_type": "percentile
              "max_difficulty": 4, "schedule_type": "fixed_discrete",
              "schedule_config": {"difficulty": [2, 3, 4], "max_step": [3, 6]}}
 SECOND = {**QUARTILES, "min_difficulty": 3, "schedule_config": {"difficulty": [3, 4], "max_step": [5]}}
+# ``shared-path``: a value-based metric (a sequence length: ``ROW_VALUES``, one a row of the index) with a fixed_linear
+# schedule of difficulty_step 8: clusters of 16 samples (difficulty 8), 8 (24) and 8 (40); the difficulties 16, 32
+# and 48 add none. The other experiment, difficulty_step 16, writes clusters of the names of 16 and 32.
+ROW_VALUES = (4, 4, 4, 4, 20, 20, 40, 40)
+BY_LENGTH = {"clustering_type": "schedule_based", "difficulty_type": "value", "min_difficulty": 8, "max_difficulty": 48,
+             "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}
+OTHER_EXPERIMENT = {**BY_LENGTH, "min_difficulty": 16, "max_difficulty": 32,
+                    "schedule_config": {"total_curriculum_step": 2, "difficulty_step": 16}}
 METRICS = {
     "single": {"difficulty": (SINGLE, None)},  # one cluster of all 32 samples
     "schedule": {"difficulty": (QUARTILES, 0)},  # 16 samples from step 1, 8 more from step 4, the last 8 from step 7
     "two-metrics": {"difficulty": (QUARTILES, 0), "length": (SECOND, 1)},  # clusters of 14, 5, 5 and 8 samples
+    "shared-path": {"length": (BY_LENGTH, 2)},  # 16 samples from step 1, 8 more from step 3, the last 8 from step 5
+    "other-experiment": {"length": (OTHER_EXPERIMENT, 2)},  # what ``other_experiment`` runs first (not a level)
 }
 # (k, m): the optimizer step of the checkpoint the restart loads, and the step the saving run dies at. The sampler
 # reshuffles a cluster at steps 5 and 9 (single), 3, 5, 6, 8, 9, 11 (schedule), 2, 5, 7, 7, 9, 10, 11, 11, 12
@@ -80,6 +92,7 @@ CHECKPOINTS = {
     "single": {"early": (2, 5), "late": (7, 10)},
     "schedule": {"early": (2, 5), "late": (7, 10)},
     "two-metrics": {"early": (1, 4), "late": (7, 10)},
+    "shared-path": {"early": (2, 5), "late": (7, 10)},
 }
 DATASET = [torch.tensor([float(i)]) for i in range(NUM_SAMPLES)]
 PAIRS = [(x, x) for x in DATASET]  # a pipeline's (input, label)
@@ -134,16 +147,44 @@ def barrier():
         dist.barrier()
 
 
-def write_index(folder, seed):
-    """The index_to_sample map of a metric under ``folder`` (global rank 0 writes it once); returns its path."""
-    path = os.path.join(folder, f"index_to_sample{seed}")
+def write_index(folder, seed, rows=None):
+    """The index_to_sample map of a metric under ``folder`` (global rank 0 writes it once), or with ``rows`` (a value
+    a row) its index_to_metric map; returns its path."""
+    path = os.path.join(folder, f"index_to_{'sample' if rows is None else 'metric'}{seed}")
     if dist.get_rank() == 0 and not os.path.exists(path + ".idx"):
         os.makedirs(folder, exist_ok=True)
         builder = create_mmap_dataset_builder(path, np.uint8)
-        for row in np.split(np.random.default_rng(seed).permutation(NUM_SAMPLES), 8):
-            builder.add_item_numpy(row)
+        if rows is None:
+            rows = np.split(np.random.default_rng(seed).permutation(NUM_SAMPLES), 8)
+        for row in rows:
+            builder.add_item_numpy(np.asarray(row).reshape(-1))
         close_mmap_dataset_builder(builder, path)
     return path
+
+
+def paths_of(metric, folder, seed):
+    """The index maps ``metric`` reads, written under ``folder``."""
+    if seed is None:
+        return {}
+    paths = {"index_to_sample_path": write_index(folder, seed)}
+    if metric["difficulty_type"] == "value":
+        paths["index_to_metric_path"] = write_index(folder, seed, ROW_VALUES)
+    return paths
+
+
+def other_experiment(factors, folder, clusters):
+    """``clusters`` ``shared-path``: before a job's first run on ``clusters``, another experiment trains there (its
+    difficulty_step 16) and leaves its cluster files, as experiments that name data_cluster_path without the step do.
+    Not again on a path that exists (a restart)."""
+    if factors["clusters"] != "shared-path":
+        return
+    used = clusters.exists()
+    barrier()  # every rank looked before the sampler makes it
+    if not used:
+        engine, loader = engine_for({**factors, "clusters": "other-experiment"}, folder, clusters)
+        train(factors, engine, batches_of({**factors, "path": "engine"}, loader), 2)
+        stop(loader)
+        LOADERS.remove(loader)
 
 
 def engine_for(factors, folder, clusters):
@@ -151,7 +192,7 @@ def engine_for(factors, folder, clusters):
     ``clusters``."""
     metrics = {}
     for name, (metric, seed) in METRICS[factors["clusters"]].items():
-        metrics[name] = dict(metric) if seed is None else {**metric, "index_to_sample_path": write_index(folder, seed)}
+        metrics[name] = {**metric, **paths_of(metric, folder, seed)}
     barrier()  # the maps are written
     config = {
         "train_micro_batch_size_per_gpu": GLOBAL_MICRO_BATCH // (world() if parallel(factors) == "data" else 1),
@@ -300,6 +341,7 @@ def save_part(factors, folder):
     """The uninterrupted job, then the job that checkpoints and dies (see the module's docstring)."""
     k, m = CHECKPOINTS[factors["clusters"]][factors["checkpoint"]]
     truth = truth_of(factors, folder)
+    other_experiment(factors, folder, Path(folder) / "clusters")
     engine, loader = engine_for(factors, folder, Path(folder) / "clusters")
     batches, read, done = batches_of(factors, loader), [], 0
     for step in range(1, k + (2 if factors["keep"] == "last-2" else 1)):

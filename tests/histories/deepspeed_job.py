@@ -47,6 +47,8 @@ class Job:
         self.rank = rank
         self.factors = {"clusters": config["clusters"], "workers": config["workers"]}  # data-parallel
         clusters = Path(rank.root) / ("clusters" if name == "subject" else "clusters-model")
+        if name == "subject":  # the model reads what the job reads alone
+            flows_job.other_experiment(self.factors, rank.root, clusters)
         self.engine, self.loader = flows_job.engine_for(self.factors, rank.root, clusters)
         self.batches = None
 
