@@ -61,6 +61,8 @@ ACCELERATE_RESUME_PRESETS = [
      "workers": "2"},
     # issue 40: a sampler with effects of its own, run by a state_dict() before the first batch
     {**_C46, "saver": "own-folder", "data": "generator-batches", "when": "first-batch", "workers": "2"},
+    # issue 49, item 6: the shuffle seed of one process through torch.distributed.checkpoint into a fresh loader
+    {**_C46, "saver": "dcp", "processes": "1-1", "epoch": "1", "workers": "0", "training": "dropout"},
 ]
 ACCELERATE_ORDER_PRESETS = [
     {"data": "shuffled", "loader": "shard", "processes": "1", "workers": "0", "seeding": "one-seed"},  # one seed
@@ -205,7 +207,7 @@ DEEPSPEED_RESUME = {
     "workers": ["0", "2"],
     "clusters": ["single", "schedule", "two-metrics", "shared-path"],
     "checkpoint": ["early", "late"],
-    "path": ["sampler", "weights-only", "engine", "iterator-first", "module-only", "no-optimizer"],
+    "path": ["sampler", "weights-only", "engine", "iterator-first", "module-only", "no-optimizer", "epoch-loop"],
     "keep": ["all", "last-2"],
     "versions": ["series", "rollback", "upgrade"],
 }
@@ -247,6 +249,8 @@ DEEPSPEED_WORDS = {
                           "load_checkpoint() (as the pipeline engine does)",
         "module-only": "load_checkpoint(load_module_only=True): a fine-tune whose data starts again, as a fresh run",
         "no-optimizer": "load_checkpoint(load_optimizer_states=False)",
+        "epoch-loop": "as engine; the training loop leaves the loader by break every 3 optimizer steps (an epoch) and "
+                      "iterates it again, in the saving run and in the restart",
     },
     "keep": {
         "all": "every checkpoint kept; the restart loads the newest (the engine's latest)",
@@ -259,6 +263,8 @@ _ONE_RANK = (("ranks", "parallel"), lambda f: f["ranks"] == "1" and f["parallel"
              "model parallelism of size 2 needs two ranks")
 DEEPSPEED_RESUME_IMPOSSIBLE = [
     _ONE_RANK,
+    (("path", "parallel"), lambda f: f["path"] == "epoch-loop" and f["parallel"] == "pipeline",
+     "the pipeline engine reads its own RepeatingLoader: the job has no loop over the loader to leave"),
     (("path", "versions"), lambda f: f["path"] == "module-only" and f["versions"] != "series",
      "a module-only load reads the model's weights alone, which 0.19.8 and the series write alike, and its data "
      "starts again on the loading code: no sampler state crosses versions"),
@@ -293,6 +299,13 @@ DEEPSPEED_RESUME_PRESETS += [
     {"ranks": "1", "workers": "0", "clusters": "shared-path", "checkpoint": "late", "path": "engine", "keep": "all",
      "versions": "series"},
     {"ranks": "2", "workers": "2", "clusters": "shared-path", "checkpoint": "early", "path": "sampler",
+     "keep": "last-2", "versions": "series"},
+]
+DEEPSPEED_RESUME_PRESETS += [
+    # issue 50, item 4: an epoch loop left by break and iterated again, io workers
+    {"ranks": "1", "workers": "2", "clusters": "single", "checkpoint": "late", "path": "epoch-loop", "keep": "all",
+     "versions": "series"},
+    {"ranks": "2", "workers": "2", "clusters": "schedule", "checkpoint": "early", "path": "epoch-loop",
      "keep": "last-2", "versions": "series"},
 ]
 DEEPSPEED_ORDER_PRESETS = [{"ranks": "1", "workers": "0", "clusters": "single"}]

@@ -2,7 +2,8 @@
 
 A history starts with a configuration (``processes`` and what the upstream's job script reads) and goes on with
 steps: data steps (``DATA_OPS``: what the uninterrupted job also takes), ``state_dict``, ``save``, ``keep_last``
-(all but the last k saved folders deleted) and ``restart``.
+(all but the last k saved folders deleted), ``break_loop`` (the subject leaves its loop over the loader; the
+uninterrupted job reads on) and ``restart``.
 Each side is one server (``servers.py``) whose ranks hold the subject and the model job
 (``tests/histories/<upstream>_job.py``). This module keeps the model's *timeline*: the data steps of the
 uninterrupted job so far. A save keeps a copy of the timeline; a restart that loads that save puts the timeline back

@@ -119,6 +119,10 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
             args = {"how": how, "folder": f"step_{folder}"}
             self.history.step("save", args | ({"shape": shape} if how == "sampler" else {}))
 
+        @rule()
+        def break_loop(self):
+            self.history.step("break_loop", {})
+
         @precondition(lambda self: len(self.history.saves) > 2)
         @rule()
         def keep_last_2(self):

@@ -85,6 +85,7 @@ STEP_WORDS = {
     "state_dict": lambda a: f"state_dict() of loader {a['loader']}",
     "save": _save_words,
     "keep_last": lambda a: f"delete all but the last {a['k']} saved folders",
+    "break_loop": lambda a: "leave the training loop by break (the next steps iterate the loader again)",
     "restart": lambda a: (f"crash, restart, {'build the iterator, ' if a.get('iterator_first') else ''}load "
                           f"{a['folder']}" if a.get("folder") else "crash, start afresh"),
 }

@@ -15,8 +15,10 @@ sides are the release: the guards pass there and fail when the series changes wh
 
 import io
 import multiprocessing
+import warnings
 
 import accelerate.data_loader as data_loader_module
+import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -284,6 +286,25 @@ def loader_of_own_iterators(module, kind, num_workers):
     else:
         dataset, kwargs = list(range(NUM_SAMPLES)), {"batch_sampler": BatchSamplerOfItsOwnIterators()}
     return module.DataLoaderShard(dataset, num_workers=num_workers, use_stateful_dataloader=True, **kwargs)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_early_state_dict_puts_back_numpy_s_global_generator_of_any_kind():
+    """numpy's global generator on PCG64 (``np.random.set_bit_generator``): a ``state_dict()`` before the first batch
+    that asks torchdata (a batch sampler of its own iterators) puts numpy's state back without numpy's legacy-state
+    warning (``np.random.get_state()`` warns for any bit generator but MT19937), and numpy draws on as without it."""
+    previous = np.random.get_bit_generator()
+    np.random.set_bit_generator(np.random.PCG64(SEED))
+    try:
+        expected = np.random.random(3)
+        np.random.set_bit_generator(np.random.PCG64(SEED))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message="get_state and legacy")
+            loader_of_own_iterators(data_loader_module, "batch-sampler", 0).state_dict()
+        drawn = np.random.random(3)
+    finally:
+        np.random.set_bit_generator(previous)
+    assert list(drawn) == list(expected), "the early state_dict() changed what numpy's global generator draws next"
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

@@ -59,6 +59,7 @@ NUM_SAMPLES = 32
 GLOBAL_MICRO_BATCH = 4  # samples of one micro-batch across the data-parallel ranks (2 ranks: 2 each)
 GAS = 2  # gradient accumulation steps: a global batch of 8, one curriculum step, for 1 and 2 ranks alike
 STEPS = 12  # optimizer steps of the uninterrupted run: past a cluster's second reshuffle in every ``clusters``
+EPOCH_STEPS = 3  # ``path`` ``epoch-loop``: the optimizer steps of the loop's epoch
 SEED = 1234
 
 # Difficulty metrics (data_efficiency.data_sampling.curriculum_learning.curriculum_metrics). ``index`` names the
@@ -249,14 +250,30 @@ def recording_loss(seen):
     return loss
 
 
-def batches_of(factors, loader):
+def batches_of(factors, loader, start=0):
     """The iterator training reads: ``iterator-first`` builds ``RepeatingLoader(loader)`` (as the pipeline engine
-    does, ``deepspeed/runtime/pipe/engine.py`` ``_build_data_iter``), the others ``iter(loader)``; None where the rank
-    reads none (the pipeline engine reads its own RepeatingLoader, made when it was built; ``tensor``: rank 1
-    receives rank 0's micro-batches, as Megatron makes a data iterator on tensor-parallel rank 0 only)."""
+    does, ``deepspeed/runtime/pipe/engine.py`` ``_build_data_iter``), ``epoch-loop`` an ``epoch_loop`` from micro-batch
+    ``start``, the others ``iter(loader)``; None where the rank reads none (the pipeline engine reads its own
+    RepeatingLoader, made when it was built; ``tensor``: rank 1 receives rank 0's micro-batches, as Megatron makes a
+    data iterator on tensor-parallel rank 0 only)."""
     if parallel(factors) == "pipeline" or (parallel(factors) == "tensor" and dist.get_rank() != 0):
         return None
+    if factors.get("path") == "epoch-loop":
+        return epoch_loop(loader, start)
     return RepeatingLoader(loader) if factors.get("path") == "iterator-first" else iter(loader)
+
+
+def epoch_loop(loader, start):
+    """The micro-batches of a training loop that counts epochs of ``EPOCH_STEPS`` optimizer steps: ``for batch in
+    loader``, left by ``break`` at each epoch's end and begun again (with io workers the iterator it leaves has fetched
+    micro-batches ahead); ``start``: the micro-batches the job read before (a restart's)."""
+    read = start
+    while True:
+        for batch in loader:
+            yield batch
+            read += 1
+            if read % (EPOCH_STEPS * GAS) == 0:
+                break
 
 
 def train(factors, engine, batches, steps):
@@ -359,7 +376,8 @@ def load_part(factors, folder):
     """The restarted job (see the module's docstring)."""
     k, _ = CHECKPOINTS[factors["clusters"]][factors["checkpoint"]]
     engine, loader = engine_for(factors, folder, Path(folder) / "clusters")
-    batches = batches_of(factors, loader) if factors["path"] == "iterator-first" else None
+    start = 0 if factors["path"] == "module-only" else k * GAS
+    batches = batches_of(factors, loader, start) if factors["path"] == "iterator-first" else None
     said = said_while(lambda: restore(factors, engine, loader, Path(folder) / "checkpoints", k), ("deepspeed",))
     failed = said.get("error")  # a refusal: recorded, and no rank reads a batch
     failures = [failed]
@@ -370,7 +388,7 @@ def load_part(factors, folder):
         stop(loader)
         return {"error": failed or next(f for f in failures if f), "raised_here": failed is not None}
     if batches is None:
-        batches = batches_of({**factors, "path": "engine"}, loader)
+        batches = batches_of(factors, loader, start)
     loops = [train(factors, engine, batches, STEPS - (0 if factors["path"] == "module-only" else k))]
     stop(loader)
     return {"loops": loops, "warnings": said["warnings"]}

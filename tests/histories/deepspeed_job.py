@@ -12,6 +12,8 @@ own ``data_cluster_path``. The job is the flow table's (``tests/flows/deepspeed_
   test writes it); or 0.19.8's keys with ``pr8406`` (the sampler generator's ``bit_generator.state``, as the open
   DeepSpeed PR #8406 writes it) or ``legacy`` (numpy's global ``RandomState`` tuple, as 0.19.8 writes it);
 - ``keep_last``: the saved folders before the last k deleted (``folders``), as a job that keeps its last k does;
+- ``break_loop``: the subject's training loop is left by ``break``; its next ``train`` iterates the loader again (with
+  io workers the iterator left behind has fetched micro-batches ahead);
 - ``restart``: a new engine on the subject's ``data_cluster_path`` (``iterator_first``: the training iterator,
   ``RepeatingLoader``, built before the load, as the pipeline engine does), then ``load_checkpoint(tag=folder)`` or
   ``load_state_dict()`` of the file, with what it logged and raised.
@@ -117,6 +119,9 @@ class Rank(server.Rank):
             return {}
         if op == "save":
             return self.save(self.switch("subject"), args["how"], args["folder"], args.get("shape", "native"))
+        if op == "break_loop":
+            self.switch("subject").batches = None
+            return {}
         raise ValueError(f"unknown operation {op!r}")
 
 
