@@ -457,6 +457,13 @@ class EpochTagged(torch.utils.data.Dataset):
         return index + 1000 * self.epoch
 
 
+def epoch_tagged_loader(module, num_workers):
+    """The stateful loader of one process that ``module`` prepares of a shuffled loader of ``EpochTagged``."""
+    torch.manual_seed(SEED)
+    loader = DataLoader(EpochTagged(), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
+    return module.prepare_data_loader(loader, num_processes=1, process_index=0, use_stateful_dataloader=True)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
 def test_loading_a_state_starts_no_worker_and_set_epoch_after_it_reaches_the_data(pristine, num_workers):
     """As the release's, no DataLoader worker runs after a state recorded in an epoch is loaded into a new loader
@@ -466,26 +473,20 @@ def test_loading_a_state_starts_no_worker_and_set_epoch_after_it_reaches_the_dat
     iterator in ``load_state_dict()`` before."""
     running, epochs = {}, {}
     for module in (pristine, data_loader_module):
-
-        def loader():
-            torch.manual_seed(SEED)
-            user_loader = DataLoader(EpochTagged(), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
-            return module.prepare_data_loader(user_loader, num_processes=1, process_index=0, use_stateful_dataloader=True)
-
-        saving = loader()
+        saving = epoch_tagged_loader(module, num_workers)
         saving.set_epoch(1)
         batches = iter(saving)
         next(batches), next(batches)
         state = through_checkpoint(saving.state_dict())
         list(batches)  # the end of the epoch: its workers are joined
         children = len(multiprocessing.active_children())
-        restarted = loader()
+        restarted = epoch_tagged_loader(module, num_workers)
         restarted.load_state_dict(state)
         running[module.__name__] = len(multiprocessing.active_children()) - children
         restarted.set_epoch(1)
         epochs[module.__name__] = sorted({i // 1000 for i in ids(restarted)})
     assert running == dict.fromkeys(running, 0), f"DataLoader workers running after load_state_dict(): {running}"
-    assert epochs == dict.fromkeys(epochs, [1]), f"the epochs of the resumed samples, set_epoch(1) after the load: {epochs}"
+    assert epochs == dict.fromkeys(epochs, [1]), f"the epochs of the samples resumed after set_epoch(1): {epochs}"
 
 
 def processes(monkeypatch, num_processes):

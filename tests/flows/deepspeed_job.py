@@ -74,8 +74,9 @@ SECOND = {**QUARTILES, "min_difficulty": 3, "schedule_config": {"difficulty": [3
 # schedule of difficulty_step 8: clusters of 16 samples (difficulty 8), 8 (24) and 8 (40); the difficulties 16, 32
 # and 48 add none. The other experiment, difficulty_step 16, writes clusters of the names of 16 and 32.
 ROW_VALUES = (4, 4, 4, 4, 20, 20, 40, 40)
-BY_LENGTH = {"clustering_type": "schedule_based", "difficulty_type": "value", "min_difficulty": 8, "max_difficulty": 48,
-             "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}
+BY_LENGTH = {"clustering_type": "schedule_based", "difficulty_type": "value", "min_difficulty": 8,
+             "max_difficulty": 48, "schedule_type": "fixed_linear",
+             "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}
 OTHER_EXPERIMENT = {**BY_LENGTH, "min_difficulty": 16, "max_difficulty": 32,
                     "schedule_config": {"total_curriculum_step": 2, "difficulty_step": 16}}
 METRICS = {
