@@ -392,11 +392,12 @@ def test_plain_dataloader_state_methods_as_in_the_release(pristine, method):
     assert raised[1] == raised[0], f"the series raises {raised[1]}, the release {raised[0]}"
 
 
-def one_process_loader(module, num_workers):
-    """A user's shuffled ``DataLoader`` and the stateful loader of one process that ``module`` prepares of it after
-    ``torch.manual_seed(SEED)``."""
+def one_process_loader(module, num_workers, dataset=None):
+    """A user's shuffled ``DataLoader`` (of the sample ids, or of ``dataset``) and the stateful loader of one process
+    that ``module`` prepares of it after ``torch.manual_seed(SEED)``."""
     torch.manual_seed(SEED)
-    loader = DataLoader(list(range(NUM_SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
+    dataset = list(range(NUM_SAMPLES)) if dataset is None else dataset
+    loader = DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
     return loader, module.prepare_data_loader(loader, num_processes=1, process_index=0, use_stateful_dataloader=True)
 
 
@@ -457,13 +458,6 @@ class EpochTagged(torch.utils.data.Dataset):
         return index + 1000 * self.epoch
 
 
-def epoch_tagged_loader(module, num_workers):
-    """The stateful loader of one process that ``module`` prepares of a shuffled loader of ``EpochTagged``."""
-    torch.manual_seed(SEED)
-    loader = DataLoader(EpochTagged(), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
-    return module.prepare_data_loader(loader, num_processes=1, process_index=0, use_stateful_dataloader=True)
-
-
 @pytest.mark.parametrize("num_workers", [0, 2], ids=["nw0", "nw2"])
 def test_loading_a_state_starts_no_worker_and_set_epoch_after_it_reaches_the_data(pristine, num_workers):
     """As the release's, no DataLoader worker runs after a state recorded in an epoch is loaded into a new loader
@@ -473,14 +467,14 @@ def test_loading_a_state_starts_no_worker_and_set_epoch_after_it_reaches_the_dat
     iterator in ``load_state_dict()`` before."""
     running, epochs = {}, {}
     for module in (pristine, data_loader_module):
-        saving = epoch_tagged_loader(module, num_workers)
+        saving = one_process_loader(module, num_workers, EpochTagged())[1]
         saving.set_epoch(1)
         batches = iter(saving)
         next(batches), next(batches)
         state = through_checkpoint(saving.state_dict())
         list(batches)  # the end of the epoch: its workers are joined
         children = len(multiprocessing.active_children())
-        restarted = epoch_tagged_loader(module, num_workers)
+        restarted = one_process_loader(module, num_workers, EpochTagged())[1]
         restarted.load_state_dict(state)
         running[module.__name__] = len(multiprocessing.active_children()) - children
         restarted.set_epoch(1)
