@@ -204,19 +204,21 @@ def matrix_sentence(name: str, entry: dict, matrix_file: Path) -> str:
 
 
 def flows_sentence(name: str, flows_file: Path, head: str) -> str:
-    """Markdown: the flow table's summary line of the last ``make flows`` (``build/flows/<name>.json``) when it ran
-    the checkout's HEAD ``head``; else that no flow table of this series is on record."""
+    """Markdown: the flow table's summary lines of the last ``make flows`` (``build/flows/<name>.json``), as its report
+    and the gate's show them, when it ran the checkout's HEAD ``head``; else that no flow table of this series is on
+    record."""
     try:
         doc = json.loads(flows_file.read_text())
     except (OSError, ValueError):
         return "The flow table was not run on this series (`make flows`)."
     if doc.get("series") != head or doc.get("uncommitted"):
         return f"The last `make flows` ran another version of this series ({str(doc.get('series'))[:12]})."
-    counts = doc["summary"]
-    listed = counts["regressions"] - counts["unlisted_regressions"]
-    return (f"The flow table (`make flows`, {doc['selection']}): of {counts['flows']} save/restart flows the release "
-            f"resumes {counts['release_exact']} exactly and this stack {counts['series_exact']}; it handles "
-            f"{counts['regressions']} worse ({listed} listed as known or accepted) and {counts['fixed']} better.")
+    if not doc.get("lines"):
+        return ("The last `make flows` of this series has no summary per kind of flow: run `make flows` (or "
+                "`python -m scripts.flows --render`).")
+    return (f"The flow table (`make flows`, {doc['selection']}: save/restart flows of a training job, each on the "
+            "release and on this stack, against the same job run uninterrupted), per kind of flow:\n\n"
+            + "\n".join(f"- {line}" for line in doc["lines"]))
 
 
 def proposal_header(pr: int | None) -> str:

@@ -69,7 +69,9 @@ ACCELERATE_ORDER_PRESETS = [
     {"data": "shuffled", "loader": "shard", "processes": "1", "workers": "2", "seeding": "own-generator"},  # c25
 ]
 
-FACTOR_WORDS = {
+# What each level means, per upstream, factor and level: the one place the reports (build/flows/, build/histories/)
+# take their glossary from; it also holds the levels of the history search's configurations (scripts/histories/).
+FACTOR_WORDS = {"accelerate": {
     "saver": {
         "own-folder": "every process save_state()s into a folder of its own",
         "shared-0-last": "every process save_state()s into one folder, process 0 last",
@@ -88,6 +90,12 @@ FACTOR_WORDS = {
         "weighted": "WeightedRandomSampler (no replacement)",
         "stateful-dataset": "map-style, shuffle=True, a dataset with state_dict()/load_state_dict() (an offset the "
                             "saving job set; the restarted job builds it afresh)",
+        "epoch-tagged": "map-style, shuffle=True, each sample read with the epoch set_epoch() gave the dataset "
+                        "(as augmentations by epoch are)",
+        "level-tagged": "map-style, shuffle=True, each sample read with a curriculum level registered with "
+                        "register_for_checkpointing()",
+        "own-random-batches": "a batch_sampler shuffling with a random.Random it holds (as aspect-ratio bucket "
+                              "samplers do)",
     },
     "loader": {
         "shard": "DataLoaderShard",
@@ -96,10 +104,36 @@ FACTOR_WORDS = {
         "seedable": "use_seedable_sampler=True",
         "skip-first-batches": "no stateful loader: load_state() then skip_first_batches()",
     },
-    "seeding": {"own-generator": "set_seed(1234) and DataLoader(generator=a seeded torch.Generator)"},
-    "training": {"dropout": "every step draws from torch's RNG"},
-    "probe": {"state-dict-first": "the restarted job asks the loader for its state_dict() before loading"},
-}
+    "processes": {
+        "2-2": "2 processes save, 2 load",
+        "2-1": "2 processes save, 1 loads",
+        "1-2": "1 process saves, 2 load",
+        "2-4": "2 processes save, 4 load",
+        "1-1": "1 process saves, 1 loads",
+        "1": "one process",
+        "2": "two processes (Gloo)",
+    },
+    "when": {
+        "first-batch": "the checkpoint before the first batch of the epoch",
+        "mid-epoch": "the checkpoint halfway through the epoch",
+        "epoch-end": "the checkpoint after the last batch of the epoch",
+    },
+    "epoch": {"0": "the checkpoint in the first epoch", "1": "in the second epoch", "2": "in the third epoch"},
+    "workers": {"0": "num_workers=0", "2": "num_workers=2", "2-persistent": "num_workers=2, persistent_workers=True"},
+    "seeding": {
+        "one-seed": "set_seed(1234) on every process",
+        "per-process": "set_seed(1000 + rank): another seed on each process",
+        "none": "nothing seeded: each process starts from a random state of its own (fixed here per process, so "
+                "that runs repeat)",
+        "own-generator": "set_seed(1234) and DataLoader(generator=a seeded torch.Generator)",
+    },
+    "training": {"no-rng": "a training step draws nothing from torch's RNG",
+                 "dropout": "every step draws from torch's RNG"},
+    "probe": {"none": "the restarted job loads at once",
+              "state-dict-first": "the restarted job asks the loader for its state_dict() before loading"},
+    "versions": {"series": "the stack saves and the stack loads", "rollback": "the stack saves, the release loads",
+                 "upgrade": "the release saves, the stack loads"},
+}}
 
 
 def _counts(flow):
@@ -217,7 +251,7 @@ DEEPSPEED_ORDER = {
     "workers": ["0", "2"],
     "clusters": ["single", "schedule", "two-metrics"],
 }
-DEEPSPEED_WORDS = {
+FACTOR_WORDS["deepspeed"] = {
     "ranks": {"1": "one rank", "2": "two ranks (Gloo processes), at save and at load"},
     "parallel": {
         "data": "the ranks are data-parallel",
@@ -256,8 +290,9 @@ DEEPSPEED_WORDS = {
         "all": "every checkpoint kept; the restart loads the newest (the engine's latest)",
         "last-2": "one more checkpoint after k, all but the last 2 deleted; the restart falls back to the older one",
     },
-    "versions": {"series": "the series saves and loads", "rollback": "saved by the series, loaded by 0.19.8",
-                 "upgrade": "saved by 0.19.8, loaded by the series"},
+    "versions": FACTOR_WORDS["accelerate"]["versions"],
+    "processes": {"1": "one data-parallel rank (the history search's name for ranks)",
+                  "2": "two data-parallel ranks (Gloo processes)"},
 }
 _ONE_RANK = (("ranks", "parallel"), lambda f: f["ranks"] == "1" and f["parallel"] != "data",
              "model parallelism of size 2 needs two ranks")

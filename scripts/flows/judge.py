@@ -274,3 +274,42 @@ def summary(rows: list[dict]) -> dict:
         "release_reused": sum(bool(r.get("release_reused")) for r in rows),
         "outcomes": {c: dict(Counter(r[c] for r in rows)) for c in ("release", "series")},
     }
+
+
+# The kinds of flow a report counts apart (``group``), in the order it shows them
+GROUPS = ("series", "rollback", "upgrade", "order", "own-fault")
+
+
+def own_fault(row: dict) -> bool:
+    """Whether a row's uninterrupted run is itself wrong on both columns, whichever code ran it: the job's own doing
+    (its seeding: processes that draw different orders read some samples twice), not a fault of a resume, nor of the
+    code under test (an uninterrupted run wrong on the release alone is the release's)."""
+    return all(row.get(f"{column}_parts", {}).get("the uninterrupted run", "exact") != "exact"
+               for column in ("release", "series"))
+
+
+def group(row: dict) -> str:
+    """The kind of flow a row counts under (``GROUPS``): ``own-fault`` (``own_fault``), ``order`` (the ``order`` and
+    ``release-order`` kinds: uninterrupted runs), else its ``versions`` level: ``series`` (the stack saves and loads),
+    ``rollback`` (the stack saves, the release loads) or ``upgrade`` (the release saves, the stack loads)."""
+    if own_fault(row):
+        return "own-fault"
+    if row["kind"] != "resume":
+        return "order"
+    return row["factors"].get("versions", "series")
+
+
+def tally(rows: list[dict]) -> dict:
+    """Counts of some rows: flows, each column's outcomes, regressions (and how many no list entry names), fixed."""
+    return {"flows": len(rows),
+            "release": dict(Counter(r["release"] for r in rows)),
+            "series": dict(Counter(r["series"] for r in rows)),
+            "regressions": sum(r["verdict"] == "regression" for r in rows),
+            "unlisted_regressions": sum(r["verdict"] == "regression" and not r["listed"] for r in rows),
+            "fixed": sum(r["verdict"] == "fixed" for r in rows)}
+
+
+def groups(rows: list[dict]) -> dict:
+    """``tally`` of the rows of each kind of flow (``group``), every one of ``GROUPS`` in its order, and of all rows
+    (``all``); the kinds' counts add up to all's."""
+    return {**{name: tally([r for r in rows if group(r) == name]) for name in GROUPS}, "all": tally(rows)}

@@ -242,18 +242,20 @@ def markdown(doc: dict) -> str:
 
 
 def flows_lines(doc: dict) -> list[str]:
-    """The flow table's summary per upstream (``doc["flows"]``: the last ``make flows`` report's ``summary``,
-    ``selection`` and ``series_id`` per upstream), when it ran the series judged here; else that none is on record."""
+    """The flow table's summary per upstream (``doc["flows"]``: the last ``make flows`` report's summary ``lines``,
+    ``selection`` and ``series_id`` per upstream), when it ran the series judged here; else that none is on record.
+    The lines are those ``build/flows/<name>.md`` and ``make pr`` show, one per kind of flow."""
     md = []
     for name, u in doc["upstreams"].items():
         flows = (doc.get("flows") or {}).get(name)
         if not flows or flows.get("series_id") != u.get("series_id") or flows.get("uncommitted"):
             md.append(f"- {name}: no flow table of this series is on record (`make flows`).")
-            continue
-        c = flows["summary"]
-        md.append(f"- {name}: the flow table ({flows['selection']}): of {c['flows']} flows the release resumes "
-                  f"{c['release_exact']} exactly, the series {c['series_exact']}; regressions {c['regressions']} "
-                  f"({c['regressions'] - c['unlisted_regressions']} listed as known or accepted), fixed {c['fixed']}.")
+        elif not flows.get("lines"):
+            md.append(f"- {name}: the flow table of this series on record has no summary per kind of flow: run "
+                      "`make flows` (or `python -m scripts.flows --render`).")
+        else:
+            md.append(f"- {name}: the flow table ({flows['selection']}; `build/flows/{name}.md`):")
+            md += [f"  - {line}" for line in flows["lines"]]
     return [*md, ""] if md else []
 
 
@@ -269,13 +271,14 @@ def unfinished_markdown(why: str, wall_s: float, logs: list[str]) -> str:
 
 
 def flows_records(folder: Path = sources.KIT_ROOT / "build" / "flows") -> dict:
-    """{name: the ``summary``, ``selection`` and ``series_id`` of the last ``make flows`` report of each upstream}
-    (an unreadable or missing report: left out); the report cites them when they are of the series it judges."""
+    """{name: the ``summary``, summary ``lines``, ``selection`` and ``series_id`` of the last ``make flows`` report of
+    each upstream} (an unreadable or missing report: left out); the report cites them when they are of the series it
+    judges."""
     found = {}
     for path in sorted(folder.glob("*.json")):
         with contextlib.suppress(OSError, ValueError, KeyError):
             doc = json.loads(path.read_text())
-            keys = ("summary", "selection", "series_id", "uncommitted")
+            keys = ("summary", "lines", "selection", "series_id", "uncommitted")
             found[doc["upstream"]] = {key: doc.get(key) for key in keys}
     return found
 

@@ -2,8 +2,10 @@
 
 Prints the histories run, the flows found and the seed (``--seed`` draws a search's histories again, given the
 same stored kinds of finding and a budget that reaches as many rounds). A found history, shrunk, is added to
-``tests/histories/<upstream>.json`` (``--no-store``: only reported) and to ``build/histories/found.json``. Exits 1
-when it found a regression, 2 on a usage error or when the servers cannot run.
+``tests/histories/<upstream>.json`` (``--no-store``: only reported) and to ``build/histories/found.json``, which
+``build/histories/report.md`` says in words (``scripts/histories/report.py``; ``--render`` writes it again from
+``found.json``, running nothing). Exits 1 when it found a regression, 2 on a usage error or when the servers cannot
+run.
 """
 
 import json
@@ -13,6 +15,8 @@ import time
 from pathlib import Path
 
 from scripts import ArgumentParser, KitError, launch
+from scripts.flows.__main__ import about
+from scripts.histories import report as words
 from scripts.histories import search, stored
 from scripts.histories.servers import JOBS, for_sides
 from scripts.sources import KIT_ROOT
@@ -33,6 +37,15 @@ def fuzz(upstream: str, seconds: float, seed: int, known: set, work: Path) -> di
             group.close()
 
 
+def write_report(out: Path, found: dict) -> Path:
+    """Write ``out/report.md`` from ``found`` (the record of a search, as ``found.json`` holds it), the stored
+    histories and what each upstream's sides are now; returns its path."""
+    upstreams = [u for u in UPSTREAMS if u in found]
+    path = out / "report.md"
+    path.write_text(words.markdown(found, {u: stored.load(u) for u in upstreams}, {u: about(u) for u in upstreams}))
+    return path
+
+
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="make fuzz", description=__doc__)
     parser.add_argument("--seconds", type=float, default=600, help="the search's budget, shared by the upstreams "
@@ -43,13 +56,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ignore-stored", action="store_true",
                         help="search as if nothing were stored: a kind of finding already stored stops it again")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the report goes (default {OUT})")
+    parser.add_argument("--render", action="store_true",
+                        help="run nothing: write report.md again from found.json in --out")
     args = parser.parse_args(argv)
+    if args.render:
+        try:
+            found = json.loads((args.out / "found.json").read_text())
+            print(f"{write_report(args.out, found)} written again from found.json")
+        except (OSError, ValueError, KitError) as e:
+            print(f"error: make fuzz: {args.out / 'found.json'} cannot be rendered ({e}): run make fuzz",
+                  file=sys.stderr)
+            return 2
+        return 0
     upstreams = args.only or list(UPSTREAMS)
     seed = args.seed if args.seed is not None else random.randrange(10**6)
     seconds = args.seconds / len(upstreams)
     print(f"fuzz: seed {seed}, {args.seconds:.0f} s ({seconds:.0f} s for each of {', '.join(upstreams)}); replay: "
           f"make fuzz FUZZ_SEED={seed} FUZZ_SECONDS={args.seconds:.0f}", flush=True)
-    report, regressions = {"seed": seed}, 0
+    report, regressions = {"seed": seed, "budget": args.seconds}, 0
     for upstream in upstreams:
         known = set() if args.ignore_stored else {sig for entry in stored.load(upstream)
                                                    for sig in entry.get("signatures", [])}
@@ -78,6 +102,7 @@ def main(argv: list[str]) -> int:
         regressions += len(entries)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "found.json").write_text(json.dumps(report, indent=1))
+    print(f"fuzz: report in {write_report(args.out, report)}")
     return 1 if regressions else 0
 
 

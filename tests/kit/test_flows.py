@@ -11,7 +11,7 @@ import pytest
 
 from scripts import KitError
 from scripts import flows as table
-from scripts.flows import cache, factors, judge, report, run
+from scripts.flows import cache, factors, judge, run
 
 N = 8  # samples of the synthetic records below
 
@@ -182,15 +182,6 @@ def test_a_malformed_differences_entry_is_one_line_naming_it(tmp_path, text, say
         table.differences("accelerate", path)
 
 
-def test_a_report_leads_with_the_summary_line():
-    rows = [{"id": "f", "kind": "resume", "factors": {"saver": "dcp"}, "verdict": "regression", "listed": "",
-             "release": "exact", "release_detail": "", "series": "wrong", "series_detail": "a | b"}]
-    text = report.markdown("accelerate", rows, judge.summary(rows), "1")
-    assert text.splitlines()[2] == ("accelerate: of 1 flows the release resumes 1 exactly, the series 0; "
-                                    "regressions 1 (0 listed as known or accepted, 1 not), fixed 0")
-    assert "wrong: a \\| b" in text
-
-
 BROKEN = '''
 
 def _broken_load_state_dict(self, state_dict):
@@ -235,29 +226,6 @@ def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_
     monkeypatch.setattr(run, "TASK_TIMEOUT", run.TASK_TIMEOUT + 1)  # an input of the key: the columns run again
     again = table.judged("accelerate", flows, tmp_path / "again", say=lambda line: None)
     assert not any(row["release_reused"] for row in again) and again[0]["release"] == rows["release"][0]["release"]
-
-
-def test_the_gate_report_and_the_pr_bodies_cite_the_table_of_the_series_they_judge(tmp_path):
-    from scripts import pr
-    from scripts.gate import report
-
-    counts = {"flows": 64, "release_exact": 33, "series_exact": 40, "regressions": 2, "unlisted_regressions": 0,
-              "fixed": 9, "outcomes": {}}
-    doc = {"upstreams": {"accelerate": {"series_id": "abc"}, "deepspeed": {"series_id": "def"}},
-           "flows": {"accelerate": {"summary": counts, "selection": "every pair", "series_id": "abc"},
-                     "deepspeed": {"summary": counts, "selection": "every pair", "series_id": "old"}}}
-    assert report.flows_lines(doc) == [
-        "- accelerate: the flow table (every pair): of 64 flows the release resumes 33 exactly, the series 40; "
-        "regressions 2 (2 listed as known or accepted), fixed 9.",
-        "- deepspeed: no flow table of this series is on record (`make flows`).", ""]
-    record = tmp_path / "accelerate.json"
-    record.write_text(json.dumps({"series": "c0ffee", "selection": "every pair", "summary": counts}))
-    assert pr.flows_sentence("accelerate", record, "c0ffee") == (
-        "The flow table (`make flows`, every pair): of 64 save/restart flows the release resumes 33 exactly and this "
-        "stack 40; it handles 2 worse (2 listed as known or accepted) and 9 better.")
-    assert pr.flows_sentence("accelerate", record, "beef").startswith("The last `make flows` ran another version")
-    assert pr.flows_sentence("accelerate", tmp_path / "none.json", "c0ffee") == (
-        "The flow table was not run on this series (`make flows`).")
 
 
 def test_the_bench_judges_the_flow_tables_cost_on_make_tests_cpu():
