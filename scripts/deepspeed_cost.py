@@ -20,19 +20,19 @@ process, global rank 0, one data-parallel rank). Prints a table; with ``--json``
 - Memory: the bytes of global rank 0's cluster arrays after the last pass that are held in the process's own memory
   rather than mapped from a file (``private_bytes``): the release maps the cluster file it rewrote, the series the
   cache file of the reshuffled cluster. Both copy a cluster once while they reshuffle it (not counted).
-- CPU: seconds of this process (``time.process_time``, so other jobs on the machine count less than in wall time)
-  per micro-batch over ``--steps`` micro-batches (micro-batch ``--micro-batch``, ``--gradient-accumulation`` of them
-  per global batch, a single cluster of ``--cpu-samples`` samples, so that it is reshuffled), without and with
+- CPU: seconds of this process (``time.process_time``, so other jobs on the machine count less than in wall time) per
+  micro-batch over ``--steps`` micro-batches (micro-batch ``--micro-batch``, ``--gradient-accumulation`` of them per
+  global batch, a single cluster of ``--cpu-samples`` samples, so that it is reshuffled), without and with
   ``post_process_func`` (then ``state_dict()`` once per micro-batch, as ``DeepSpeedDataLoader.__next__`` calls it),
   and, for the series, tracking the DataLoader's prefetch as with ``data_sampling.num_workers > 0`` (``PREFETCH``
-  micro-batches drawn ahead, one ``_batch_consumed()`` per micro-batch). Each variant runs ``--repeat`` times in turn;
-  the median is reported, and its ratio to the release's of the same ``post_process_func`` setting (the release runs
-  the same with and without workers: it tracks nothing). Also the CPU of one ``state_dict()`` call (median of
-  ``--repeat`` runs of ``--steps`` calls) after the CPU run, and of one ``np.random.get_state()``, which both call.
-- Resume points (a series whose sampler has ``_track_prefetch``): the memory the points kept for a DataLoader's
+  micro-batches drawn ahead, one report of ``track_consumption()`` per micro-batch). Each variant runs ``--repeat``
+  times in turn; the median is reported, and its ratio to the release's of the same ``post_process_func`` setting (the
+  release runs the same with and without workers: it tracks nothing). Also the CPU of one ``state_dict()`` call (median
+  of ``--repeat`` runs of ``--steps`` calls) after the CPU run, and of one ``np.random.get_state()``, which both call.
+- Resume points (a series whose sampler has ``track_consumption``): the memory the points kept for a DataLoader's
   prefetch hold, as ``tracemalloc`` traces it: the traced bytes after ``PREFETCH`` + ``--steps`` / 10 micro-batches
-  tracked (one ``_batch_consumed()`` per micro-batch after the prefetch) less those of the same micro-batches
-  untracked, and how many points are kept (``PREFETCH`` + 1).
+  tracked (one report per micro-batch after the prefetch) less those of the same micro-batches untracked, and how many
+  points are kept (``PREFETCH`` + 1).
 - Load: CPU and wall seconds of ``load_state_dict()`` of the state after the last pass into a new sampler (the series
   reads each cluster file for its checksum and maps the reshuffled cluster's cache file), and, for the series, with
   the cache files removed first (a restart from a checkpoint older than the last reshuffle: it shuffles each
@@ -245,17 +245,17 @@ def order_cost(reshuffles: int, samples: int) -> dict:
 
 def cpu_run(sampler, steps: int, post_process: bool, track: bool) -> float:
     """CPU seconds per micro-batch over ``steps`` micro-batches: with ``post_process``, ``state_dict()`` after each;
-    with ``track``, ``PREFETCH`` micro-batches drawn ahead and ``_batch_consumed()`` for each consumed."""
+    with ``track``, ``PREFETCH`` micro-batches drawn ahead and the ``track_consumption()`` report for each consumed."""
+    consumed = sampler.track_consumption() if track else None
     batches = iter(sampler)
     if track:
-        sampler._track_prefetch()
         for _ in range(PREFETCH):
             next(batches)
     started = time.process_time()
     for _ in range(steps):
         next(batches)
         if track:
-            sampler._batch_consumed()
+            consumed()
         if post_process:
             sampler.state_dict()
     return (time.process_time() - started) / steps
@@ -272,11 +272,11 @@ def state_dict_call(sampler, calls: int) -> float:
 def cpu_per_micro_batch(classes: dict, args, root: str) -> tuple[dict, dict]:
     """{variant: median CPU seconds per micro-batch} and {variant: median CPU seconds of a state_dict() call};
     variants "<label>" and "<label>, post_process_func", and for a series that tracks the DataLoader's prefetch (its
-    sampler has ``_track_prefetch``: from the stack's fourth commit on) also "<label>, workers" and "<label>,
+    sampler has ``track_consumption``: from the io-workers commit on) also "<label>, workers" and "<label>,
     workers, post_process_func" (the calls: of the variants without post_process_func)."""
     variants = []
     for label, cls in classes.items():
-        for track in (False, True) if hasattr(cls, "_track_prefetch") else (False,):
+        for track in (False, True) if hasattr(cls, "track_consumption") else (False,):
             for post_process in (False, True):
                 name = label + (", workers" if track else "") + (", post_process_func" if post_process else "")
                 variants.append((name, cls, post_process, track))
@@ -306,16 +306,16 @@ def resume_points_bytes(cls, args, root: str) -> tuple[int, int]:
     (traced bytes tracked less untracked, after the same micro-batches) and how many points it keeps."""
     traced = {}
     for track in (False, True):
-        sampler = make_sampler(cls, root, f"points-{track}", args.cpu_samples, args.micro_batch,
-                               args.gradient_accumulation)
+        sampler = make_sampler(
+            cls, root, f"points-{track}", args.cpu_samples, args.micro_batch, args.gradient_accumulation
+        )
         tracemalloc.start()
-        if track:
-            sampler._track_prefetch(PREFETCH)
+        consumed = sampler.track_consumption() if track else None
         batches = iter(sampler)
         for step in range(PREFETCH + args.steps // 10):
             next(batches)
             if track and step >= PREFETCH:
-                sampler._batch_consumed()
+                consumed()
         traced[track] = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
     return traced[True] - traced[False], len(sampler._prefetched) + 1
@@ -354,7 +354,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="kit-deepspeed-cost-") as root:
         disk = disk_and_state(classes, args, root)
         cpu, calls = ({}, {}) if args.skip_cpu else cpu_per_micro_batch(classes, args, root)
-        tracks = hasattr(classes["series"], "_track_prefetch") and not args.skip_cpu
+        tracks = hasattr(classes["series"], "track_consumption") and not args.skip_cpu
         points = resume_points_bytes(classes["series"], args, root) if tracks else None
     order = order_cost(args.order_reshuffles, args.order_samples) if args.order_reshuffles else None
     ratios = {

@@ -14,12 +14,13 @@ cluster and with several; and after a new ``DataLoader`` iterator. The guard che
 A restart may make its iterator before it loads the checkpoint (``RepeatingLoader`` does in its constructor, scripts
 call ``iter(engine.training_dataloader)`` right after ``deepspeed.initialize()``): with workers the ``DataLoader`` has
 prefetched from the fresh sampler by then, and those micro-batches must not reach training, nor the state saved next.
-A ``DataLoader`` iterated directly (``loader.dataloader``: nobody reports what training takes) must keep a bounded
-state of the micro-batches training took.
+A torch ``DataLoader`` iterated directly reports what training takes through the sampler's documented hook
+(``track_consumption()``); the sampler keeps a bounded state of the micro-batches training took, and none without it.
 """
 
 import pytest
 from deepspeed.runtime.dataloader import RepeatingLoader
+from torch.utils.data import DataLoader
 
 from tests.deepspeed.sampling import first_divergence, make_loader, take_from_loader, through_checkpoint
 from tests.deepspeed.scenarios import SCENARIOS
@@ -163,26 +164,34 @@ def test_restart_with_iterator_made_before_load_matches_uninterrupted_run(tmp_pa
 
 @pytest.mark.regression("deepspeed", "io-workers")
 def test_dataloader_iterated_directly_checkpoints_what_training_took(tmp_path):
-    """Iterating ``loader.dataloader`` itself, past the prefetch windows of a run: the state is that of the
+    """Iterating a torch ``DataLoader`` over the sampler itself, past the prefetch windows of a run, and reporting each
+    micro-batch taken through the sampler's documented hook (``track_consumption()``): the state is that of the
     micro-batches taken (a restart from it reads what the same iterator reads next), and the sampler keeps at most a
-    prefetch of resume points, not one per micro-batch of the run."""
+    prefetch of resume points, not one per micro-batch of the run. Without the hook it keeps none."""
     metric, taken = SCENARIOS["several_clusters"], NUM_BATCHES - 10
     loader = make_loader(tmp_path, "run", metric, 2)
-    iter(loader)
-    loader.data_iterator = None  # a first iterator, dropped with its prefetch (loader.dataloader exists now)
-    sampler, batches = loader.data_sampler, iter(loader.dataloader)
+    sampler = loader.data_sampler
+    assert hasattr(sampler, "track_consumption"), "the sampler has no hook to report what training takes"
+    consumed = sampler.track_consumption()
+    batches = iter(DataLoader(loader.dataset, batch_sampler=sampler, num_workers=2))
     for _ in range(taken):
         next(batches)
+        assert consumed(), "a micro-batch of the only iterator counts as fetched before a load"
+    kept = len(sampler._prefetched)
     state = through_checkpoint(sampler.state_dict())
     expected = [ids(next(batches)) for _ in range(10)]
     del batches  # its workers stop
-    loader = make_loader(tmp_path, "run", metric, 2)
-    loader.data_sampler.load_state_dict(state)
-    index = first_divergence(expected, take_from_loader(loader, 10))
+    resumed = make_loader(tmp_path, "run", metric, 2)
+    resumed.data_sampler.load_state_dict(state)
+    index = first_divergence(expected, take_from_loader(resumed, 10))
     assert index is None, (
         f"the state after {taken} micro-batches of the DataLoader iterated directly resumes elsewhere: micro-batch "
         f"{taken + index + 1} differs (the state counts {state['consumed_samples']} consumed samples, training "
-        f"took {2 * taken} after the {2 * PREFETCH} of the dropped iterator)"
+        f"took {2 * taken})"
     )
-    kept = len(sampler._prefetched)
-    assert kept <= PREFETCH + 1, f"the sampler keeps {kept} resume points after {taken + 10} micro-batches"
+    assert kept <= PREFETCH + 1, f"the sampler keeps {kept} resume points after {taken} micro-batches"
+    untracked = iter(DataLoader(loader.dataset, batch_sampler=sampler, num_workers=2))
+    for _ in range(10):
+        next(untracked)
+    assert len(sampler._prefetched) == 0, "the sampler keeps resume points of an iteration nobody reports on"
+    del untracked
