@@ -11,7 +11,7 @@ the long details in full in ``<name>-details.md``.
 from scripts.flows import factors, judge
 
 VERDICT_WORDS = {"regression": "**regression**", "fixed": "fixed", "same": ""}
-# The outcomes as the report counts them, in this order; the first four always, the others where any
+# The outcomes as the report counts them, every one in every summary line, in this order
 SHOWN = ("exact", "warned", "wrong", "error", "uneven", "hang", "crash")
 OUTCOME_WORDS = {"error": "refused"}  # the judge's error: a clear refusal before any batch
 CELL = 160  # characters of a detail a cell holds whole; of a longer one, its first whole clauses and a link
@@ -35,8 +35,7 @@ def group_words(release: str) -> dict[str, str]:
 
 
 def _outcomes(counts: dict) -> str:
-    shown = [o for o in SHOWN if o in SHOWN[:4] or counts.get(o)]
-    return ", ".join(f"{outcome_word(o)} {counts.get(o, 0)}" for o in shown)
+    return ", ".join(f"{outcome_word(o)} {counts.get(o, 0)}" for o in SHOWN)
 
 
 def _regressions(counts: dict) -> str:
@@ -136,7 +135,7 @@ def _table(rows: list[dict], release: str, details_file: str, keys: dict) -> lis
 
 def _offered(commit: dict, url: str) -> str:
     pr = commit.get("proposal_on")
-    return f" (offered on the open [#{pr}]({url}/pull/{pr}))" if pr else ""
+    return f" (the kit's commit goes as a proposal to the open PR [#{pr}]({url}/pull/{pr}))" if pr else ""
 
 
 def stack_words(about: dict) -> str:
@@ -146,8 +145,9 @@ def stack_words(about: dict) -> str:
     said = [f"[#{c['key']}]({about['url']}/issues/{c['key']}){_offered(c, about['url'])}" for c in issues]
     if follow_ups:
         keys = ", ".join(c["key"] + _offered(c, about["url"]) for c in follow_ups)
-        said.append(f"{len(follow_ups)} follow-up{'s' if len(follow_ups) > 1 else ''} still to be filed upstream "
-                    f"({keys}: `docs/issues/<key>.md`)")
+        said.append(f"{len(follow_ups)} further defect{'s' if len(follow_ups) > 1 else ''} the kit found, whose "
+                    f"bug reports are still to be filed upstream ({keys}; their text: `docs/issues/<key>.md` in the "
+                    "kit)")
     return " and ".join(said) if said else "its fix"
 
 
@@ -212,7 +212,8 @@ def header(doc: dict, keys: dict, details_file: str) -> list[str]:
              f"cover {doc['selection']} of the factors in the glossary), each run on the release, {title} {release}, "
              f"and on the stack: {release} with the kit's {len(about['stack'])} commits (`patches/{name}/`, {at}"
              f"commit `{doc['series'][:12]}`), which fix {stack_words(about)}. Every run is compared with the same "
-             "job run uninterrupted (the truth).", "",
+             "job run uninterrupted (the truth)" + (f"; on {about['environment']}" if about.get("environment") else "")
+             + ". \"Series\" in the rows and details means the stack.", "",
              f"How each side did, per kind of flow (release {release}: the job on {release} alone, at save and at "
              "restart; the stack: the stack where the kind says; exact: reads what the uninterrupted run reads; "
              "warned: wrong, and the restart said so; wrong: silently; refused: a clear error before any batch):", ""]
@@ -241,8 +242,8 @@ def _reasons(doc: dict, keys: dict) -> list[str]:
     statuses = {e["reason"]: e["status"] for e in doc.get("differences", [])}
     lines = ["## Reasons of the listed differences", "",
              "Each regression that `tests/flows/differences.toml` lists, with its status (*accepted*: a difference "
-             "the stack keeps, stated in its commit message; *known*: one a later change fixes) and its reason, "
-             "once; the rows cite the key.", ""]
+             "the stack keeps, stated in its commit message; *known*: one not fixed yet, whose reason names the "
+             "open issue of the kit that tracks it) and its reason, once; the rows cite the key.", ""]
     for reason, key in keys.items():
         count = sum(r["listed"] == reason for r in doc["flows"])
         status = f"{statuses[reason]}, " if reason in statuses else ""
@@ -262,9 +263,9 @@ def markdown(doc: dict, details_file: str) -> str:
     lines += [*_reasons(doc, keys), *glossary(doc["upstream"], rows, doc["about"])]
     if doc.get("unused_differences"):
         lines += ["## Listed but matching no regression", "",
-                  "Entries of tests/flows/differences.toml that match no regression of this selection (an entry "
-                  "found by FULL=1 may match none of every pair; else remove it once the change it waits for has "
-                  "landed):", ""]
+                  "Entries of tests/flows/differences.toml that match no regression of this selection. An entry "
+                  "written for a flow of `FULL=1` (every triple of levels) may match no flow of every pair; a "
+                  "`known` entry whose fix has landed is to be removed:", ""]
         lines += [f"- {e['status']}: {e['match']}: {_text(e['reason'])}" for e in doc["unused_differences"]]
         lines.append("")
     return "\n".join(lines)
