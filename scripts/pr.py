@@ -300,7 +300,7 @@ def bodies(docs: Path, report_file: Path, checkouts: Path, patches: Path, pins: 
             tested = {key.removeprefix(prefix).split("::")[0] for key in step["tests"] if key.startswith(prefix)}
             release = outdated.release_status(record, table[name].get("package", name), entry["version"])
             gate = gate_section(name, entry, step, table[name], own, defined_tests(repo, "HEAD", tested), release)
-            gate += "\n\n" + flows_sentence(name, flows_dir / f"{name}.json", rev(repo, "HEAD"))
+            gate += "\n\n" + flows_sentence(name, flows_dir / f"{name}.json", rev(repo, "HEAD")) + "\n"
             touched = {f for p in own for f in stack.changed_files(p)}
             mine = [t for t in upstream_tests if t in touched] if len(steps) > 1 else upstream_tests
             reproduce = reproduce_section(name, entry, mine or upstream_tests, url)
