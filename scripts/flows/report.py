@@ -18,6 +18,9 @@ CELL = 160  # characters of a detail a cell holds whole; of a longer one, its fi
 REASON = "R"  # the key of a listed reason: R1, R2, ... in the order of the table
 TITLES = {"deepspeed": "DeepSpeed", "accelerate": "Accelerate"}  # the upstreams' own spelling
 LABELS = {"series": "stack", "own-fault": "own fault"}  # a kind of flow (judge.GROUPS) in a table, if not its name
+# What a listed difference's (and a stored history's) status says, in both reports' words
+STATUS_WORDS = ("*accepted*: a difference the stack keeps, stated in its commit message; *known*: a regression not "
+                "fixed yet, whose reason names the open issue of the kit that tracks it")
 
 
 def outcome_word(outcome: str) -> str:
@@ -241,9 +244,8 @@ def _own_faults(own: list[dict], release: str, details_file: str, keys: dict) ->
 def _reasons(doc: dict, keys: dict) -> list[str]:
     statuses = {e["reason"]: e["status"] for e in doc.get("differences", [])}
     lines = ["## Reasons of the listed differences", "",
-             "Each regression that `tests/flows/differences.toml` lists, with its status (*accepted*: a difference "
-             "the stack keeps, stated in its commit message; *known*: one not fixed yet, whose reason names the "
-             "open issue of the kit that tracks it) and its reason, once; the rows cite the key.", ""]
+             f"Each regression that `tests/flows/differences.toml` lists, with its status ({STATUS_WORDS}) and its "
+             "reason, once; the rows cite the key.", ""]
     for reason, key in keys.items():
         count = sum(r["listed"] == reason for r in doc["flows"])
         status = f"{statuses[reason]}, " if reason in statuses else ""

@@ -9,7 +9,7 @@ reason (each reason once, cited by a key); and the glossary of every configurati
 """
 
 from scripts.flows import factors
-from scripts.flows.report import REASON, TITLES, stack_words
+from scripts.flows.report import REASON, STATUS_WORDS, TITLES, stack_words
 
 
 def summary_line(upstream: str, result: dict, stored: list[dict]) -> str:
@@ -43,9 +43,8 @@ def glossary(used: dict[str, dict[str, set]]) -> list[str]:
           "runs the sampler's `__iter__` or the dataset's `set_epoch`, more often than the release's; *stale "
           "files*: a save of the stack leaves files of an earlier save in its folder that the release's folder does "
           "not hold.", "",
-          "**Statuses** of a stored history: none (`make test` fails on any finding); *known*: a regression of the "
-          "current stack that a named issue fixes; *accepted*: a difference the stack keeps. Either way with a "
-          "reason, and its listed findings do not fail the suite.", "",
+          f"**Statuses** of a stored history: none (`make test` fails on any finding); {STATUS_WORDS}. Either way "
+          "with a reason, and its listed findings do not fail the suite.", "",
           "**Configuration levels** (`FACTOR_WORDS` in `scripts/flows/factors.py`), those used above:", ""]
     for upstream, by_factor in used.items():
         words = factors.FACTOR_WORDS.get(upstream, {})
