@@ -22,9 +22,12 @@ with open(path + ".part", "w") as f:  # renamed when whole: a reader polling for
     json.dump({k: os.environ[k] for k in keys} | {"pid": os.getpid(), "parent": os.getppid(), "main": __name__,
                "argv": sys.argv, "preloaded": "colorsys" in sys.modules, "path0": sys.path[0]}, f)
 os.replace(path + ".part", path)
-if os.environ["RANK"] == sys.argv[2]:
+if os.environ["RANK"] == sys.argv[2]:  # fails once every rank has started, so the others are there to be ended
+    started = [os.path.join(out, f"rank{r}.json") for r in range(int(os.environ["WORLD_SIZE"]))]
+    while not all(map(os.path.exists, started)):
+        time.sleep(0.01)
     sys.exit(3)
-if sys.argv[2] == "wait":
+if sys.argv[2] != "none":
     time.sleep(600)
 """
 
