@@ -58,12 +58,12 @@ def pristine_checkpointing(tmp_path_factory):
     return release_module("checkpointing", tmp_path_factory.mktemp("pristine"))
 
 
-def prepared(module, num_workers, stateful=True, num_processes=2):
+def prepared(module, num_workers, stateful=True, num_processes=2, seed=SEED):
     """Process 0's shard of a shuffled dataloader over the sample ids, through ``module.prepare_data_loader`` after
-    ``torch.manual_seed(SEED)``: by default 2 processes, ``rng_types=["generator"]`` as ``Accelerator.prepare`` passes
+    ``torch.manual_seed(seed)``: by default 2 processes, ``rng_types=["generator"]`` as ``Accelerator.prepare`` passes
     them (so the sampler gets its own generator, seeded from the global RNG; there is no other process to synchronize
     with); ``num_processes=1``: the loader of a single process."""
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     loader = DataLoader(list(range(NUM_SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
     return module.prepare_data_loader(
         loader, num_processes=num_processes, process_index=0, rng_types=["generator"], use_stateful_dataloader=stateful
@@ -491,12 +491,13 @@ def processes(monkeypatch, num_processes):
     monkeypatch.setattr(checkpointing, "PartialState", lambda: state)
 
 
-def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2):
-    """``save_accelerator_state`` into ``folder`` as process ``process_index`` of ``num_processes``, from a loader that
-    yielded ``stop_after`` batches; returns the rest of that loader's epoch."""
+def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2, seed=SEED):
+    """``save_accelerator_state`` into ``folder`` as process ``process_index`` of ``num_processes``, from a loader
+    (shuffled after ``torch.manual_seed(seed)``) that yielded ``stop_after`` batches; returns the rest of that loader's
+    epoch."""
     from accelerate import checkpointing
 
-    loader = prepared(data_loader_module, 0)
+    loader = prepared(data_loader_module, 0, seed=seed)
     batches = iter(loader)
     for _ in range(stop_after):
         next(batches)
@@ -506,10 +507,10 @@ def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2):
     return ids(batches)
 
 
-def load_as(module, folder, process_index, monkeypatch, num_processes=2):
-    """The rest of the epoch of a new loader into which ``module`` (a ``checkpointing``) loads ``folder`` as process
-    ``process_index`` of ``num_processes``."""
-    loader = prepared(data_loader_module, 0)
+def load_as(module, folder, process_index, monkeypatch, num_processes=2, seed=SEED):
+    """The rest of the epoch of a new loader (made after ``torch.manual_seed(seed)``) into which ``module`` (a
+    ``checkpointing``) loads ``folder`` as process ``process_index`` of ``num_processes``."""
+    loader = prepared(data_loader_module, 0, seed=seed)
     if module.__name__ == "accelerate.checkpointing":
         processes(monkeypatch, num_processes)
     module.load_accelerator_state(folder, [], [], [], [loader], process_index=process_index)
@@ -519,13 +520,14 @@ def load_as(module, folder, process_index, monkeypatch, num_processes=2):
 
 @pytest.mark.regression("accelerate", "shared-checkpoint-folder")
 def test_processes_saving_into_one_folder_each_load_their_own_state(tmp_path, monkeypatch):
-    """Processes 0 and 1 of 2 save different states into one folder, process 1 last: the series loads each process's
-    own (the base loads process 1's into both)."""
+    """Processes 0 and 1 of 2 save different states into one folder at the same batch (another order of the samples
+    each, as the states of `dispatch_batches=True` differ), process 1 last: the series loads each process's own (the
+    base loads process 1's into both)."""
     from accelerate import checkpointing
 
-    rest = {0: save_after(tmp_path, 3, 0, monkeypatch), 1: save_after(tmp_path, 1, 1, monkeypatch)}
+    rest = {index: save_after(tmp_path, 3, index, monkeypatch, seed=SEED + index) for index in (0, 1)}
     for process_index in (0, 1):
-        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch)
+        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch, seed=SEED + process_index)
         assert loaded == rest[process_index], f"process {process_index} resumed with {loaded}"
 
 
@@ -569,15 +571,16 @@ def test_another_number_of_processes_loads_one_state_in_every_process(tmp_path, 
         assert loaded == rest, f"process {process_index} of {loaded_by} resumed with {loaded}, expected {rest}"
 
 
+@pytest.mark.parametrize("saved_by", [4, 2])
 @pytest.mark.parametrize("fresh", ["two-processes", "one-process", "main-only"])
-def test_state_of_an_older_save_in_a_reused_folder_is_not_loaded(tmp_path, monkeypatch, fresh):
-    """A folder that 4 processes saved into (after 1 batch) is saved into again, after 3 batches: by 2 processes, by
-    a single process, or by the main process of 2 only. Every process of the new count loads the fresh state, none the
-    file an older save left for it."""
+def test_state_of_an_older_save_in_a_reused_folder_is_not_loaded(tmp_path, monkeypatch, saved_by, fresh):
+    """A folder that ``saved_by`` processes saved into (after 1 batch) is saved into again, after 3 batches: by 2
+    processes, by a single process, or by the main process of 2 only. Every process of the new count loads the fresh
+    state, none the file an older save left for it (2 then the main process of 2: the file of process 1 is left)."""
     from accelerate import checkpointing
 
-    for process_index in range(4):
-        save_after(tmp_path, 1, process_index, monkeypatch, num_processes=4)
+    for process_index in range(saved_by):
+        save_after(tmp_path, 1, process_index, monkeypatch, num_processes=saved_by)
     num_processes = 1 if fresh == "one-process" else 2
     savers = [0] if fresh != "two-processes" else [0, 1]
     rest = [save_after(tmp_path, 3, index, monkeypatch, num_processes=num_processes) for index in savers]
