@@ -418,9 +418,10 @@ def user_code_checkpoint(
         elif run == "restarted":
             if use_save_state:
                 accelerator.load_state(os.path.join(out_dir, "checkpoint"))
-                # this rank's folder: its state is dl_state_dict.bin (from the series' third commit on, beside
+                # this rank's folder: its state is dl_state_dict.bin (from the series' fourth commit on, beside
                 # dl_state_dict_rank<N>.bin)
                 state = torch.load(os.path.join(out_dir, "checkpoint", "dl_state_dict.bin"), weights_only=False)
+                state.pop("_batches_yielded", None)  # recorded beside the state from the series' fourth commit on
             else:
                 loader.load_state_dict(state)
             result["state_after_load_is_loaded"] = repr(loader.state_dict()) == repr(state)

@@ -58,12 +58,12 @@ def pristine_checkpointing(tmp_path_factory):
     return release_module("checkpointing", tmp_path_factory.mktemp("pristine"))
 
 
-def prepared(module, num_workers, stateful=True, num_processes=2, seed=SEED):
+def prepared(module, num_workers, stateful=True, num_processes=2):
     """Process 0's shard of a shuffled dataloader over the sample ids, through ``module.prepare_data_loader`` after
-    ``torch.manual_seed(seed)``: by default 2 processes, ``rng_types=["generator"]`` as ``Accelerator.prepare`` passes
+    ``torch.manual_seed(SEED)``: by default 2 processes, ``rng_types=["generator"]`` as ``Accelerator.prepare`` passes
     them (so the sampler gets its own generator, seeded from the global RNG; there is no other process to synchronize
     with); ``num_processes=1``: the loader of a single process."""
-    torch.manual_seed(seed)
+    torch.manual_seed(SEED)
     loader = DataLoader(list(range(NUM_SAMPLES)), batch_size=BATCH_SIZE, shuffle=True, num_workers=num_workers)
     return module.prepare_data_loader(
         loader, num_processes=num_processes, process_index=0, rng_types=["generator"], use_stateful_dataloader=stateful
@@ -491,13 +491,12 @@ def processes(monkeypatch, num_processes):
     monkeypatch.setattr(checkpointing, "PartialState", lambda: state)
 
 
-def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2, seed=SEED):
-    """``save_accelerator_state`` into ``folder`` as process ``process_index`` of ``num_processes``, from a loader
-    (shuffled after ``torch.manual_seed(seed)``) that yielded ``stop_after`` batches; returns the rest of that loader's
-    epoch."""
+def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2):
+    """``save_accelerator_state`` into ``folder`` as process ``process_index`` of ``num_processes``, from a loader that
+    yielded ``stop_after`` batches; returns the rest of that loader's epoch."""
     from accelerate import checkpointing
 
-    loader = prepared(data_loader_module, 0, seed=seed)
+    loader = prepared(data_loader_module, 0)
     batches = iter(loader)
     for _ in range(stop_after):
         next(batches)
@@ -507,10 +506,10 @@ def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2, 
     return ids(batches)
 
 
-def load_as(module, folder, process_index, monkeypatch, num_processes=2, seed=SEED):
-    """The rest of the epoch of a new loader (made after ``torch.manual_seed(seed)``) into which ``module`` (a
-    ``checkpointing``) loads ``folder`` as process ``process_index`` of ``num_processes``."""
-    loader = prepared(data_loader_module, 0, seed=seed)
+def load_as(module, folder, process_index, monkeypatch, num_processes=2):
+    """The rest of the epoch of a new loader into which ``module`` (a ``checkpointing``) loads ``folder`` as process
+    ``process_index`` of ``num_processes``."""
+    loader = prepared(data_loader_module, 0)
     if module.__name__ == "accelerate.checkpointing":
         processes(monkeypatch, num_processes)
     module.load_accelerator_state(folder, [], [], [], [loader], process_index=process_index)
@@ -520,14 +519,20 @@ def load_as(module, folder, process_index, monkeypatch, num_processes=2, seed=SE
 
 @pytest.mark.regression("accelerate", "shared-checkpoint-folder")
 def test_processes_saving_into_one_folder_each_load_their_own_state(tmp_path, monkeypatch):
-    """Processes 0 and 1 of 2 save different states into one folder at the same batch (another order of the samples
-    each, as the states of `dispatch_batches=True` differ), process 1 last: the series loads each process's own (the
-    base loads process 1's into both)."""
+    """Processes 0 and 1 of 2 save different states into one folder after 3 batches, process 1 last: process 1's
+    dataloader unread, as with ``dispatch_batches=True``, where process 0 reads the batches and sends them. The series
+    loads each process's own (the base loads process 1's into both)."""
     from accelerate import checkpointing
 
-    rest = {index: save_after(tmp_path, 3, index, monkeypatch, seed=SEED + index) for index in (0, 1)}
+    rest = {0: save_after(tmp_path, 3, 0, monkeypatch)}
+    loader = prepared(data_loader_module, 0)
+    loader._batches_yielded = 3  # as many batches as process 0, received from it
+    processes(monkeypatch, 2)
+    checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=1, step=0)
+    monkeypatch.undo()
+    rest[1] = ids(loader)
     for process_index in (0, 1):
-        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch, seed=SEED + process_index)
+        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch)
         assert loaded == rest[process_index], f"process {process_index} resumed with {loaded}"
 
 
@@ -587,6 +592,27 @@ def test_state_of_an_older_save_in_a_reused_folder_is_not_loaded(tmp_path, monke
     for process_index in range(num_processes):
         loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch, num_processes=num_processes)
         assert loaded == rest[0], f"process {process_index} of {num_processes} resumed with {loaded}, not {rest[0]}"
+
+
+@pytest.mark.parametrize("process_index", [0, 1])
+def test_folder_the_release_saved_into_after_the_series_loads_the_release_s_state(
+    pristine_checkpointing, tmp_path, monkeypatch, process_index
+):
+    """A rollback that saves into a folder of the series: every process of 2 saves after 1 batch with the series, then
+    1.16.0 saves after 3 batches, which leaves the series' files of each process there. The series loads 1.16.0's
+    state on every process, as 1.16.0 does."""
+    from accelerate import checkpointing
+
+    for index in (0, 1):
+        save_after(tmp_path, 1, index, monkeypatch)
+    loader = prepared(data_loader_module, 0)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    pristine_checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=0, step=0)
+    rest = ids(batches)
+    loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch)
+    assert loaded == rest, f"process {process_index} resumed with {loaded}, 1.16.0's save had {rest} left"
 
 
 def test_release_resumes_a_checkpoint_of_one_process_of_the_series(pristine_checkpointing, tmp_path):
