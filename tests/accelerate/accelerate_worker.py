@@ -421,7 +421,7 @@ def user_code_checkpoint(
                 # this rank's folder: its state is dl_state_dict.bin (from the series' fourth commit on, beside
                 # dl_state_dict_rank<N>.bin)
                 state = torch.load(os.path.join(out_dir, "checkpoint", "dl_state_dict.bin"), weights_only=False)
-                state.pop("_batches_yielded", None)  # recorded beside the state from the series' fourth commit on
+                state.pop("_position", None)  # recorded beside the state from the series' fourth commit on
             else:
                 loader.load_state_dict(state)
             result["state_after_load_is_loaded"] = repr(loader.state_dict()) == repr(state)

@@ -519,18 +519,25 @@ def load_as(module, folder, process_index, monkeypatch, num_processes=2):
 
 @pytest.mark.regression("accelerate", "shared-checkpoint-folder")
 def test_processes_saving_into_one_folder_each_load_their_own_state(tmp_path, monkeypatch):
-    """Processes 0 and 1 of 2 save different states into one folder after 3 batches, process 1 last: process 1's
-    dataloader unread, as with ``dispatch_batches=True``, where process 0 reads the batches and sends them. The series
-    loads each process's own (the base loads process 1's into both)."""
+    """Processes 0 and 1 of 2 save different states into one folder after 3 batches, process 1 last (as the states of
+    ``dispatch_batches=True`` differ, where process 0 reads the batches and sends them; here process 1's loader went on
+    from a state 2 batches ahead). The series loads each process's own (the base loads process 1's into both)."""
     from accelerate import checkpointing
 
     rest = {0: save_after(tmp_path, 3, 0, monkeypatch)}
+    ahead = prepared(data_loader_module, 0)
+    batches = iter(ahead)
+    for _ in range(2):
+        next(batches)
     loader = prepared(data_loader_module, 0)
-    loader._batches_yielded = 3  # as many batches as process 0, received from it
+    loader.load_state_dict(ahead.state_dict())
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
     processes(monkeypatch, 2)
     checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=1, step=0)
     monkeypatch.undo()
-    rest[1] = ids(loader)
+    rest[1] = ids(batches)
     for process_index in (0, 1):
         loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch)
         assert loaded == rest[process_index], f"process {process_index} resumed with {loaded}"
