@@ -583,6 +583,38 @@ def test_another_number_of_processes_loads_one_state_in_every_process(tmp_path, 
         assert loaded == rest, f"process {process_index} of {loaded_by} resumed with {loaded}, expected {rest}"
 
 
+@pytest.mark.parametrize("saved_by, loaded_by", [(2, 4), (2, 1), (4, 2)])
+def test_another_number_of_processes_loads_process_0_s_state_of_the_same_save(
+    tmp_path, monkeypatch, saved_by, loaded_by
+):
+    """Saved by ``saved_by`` processes into one folder at the same batch, process 1 last with another state (its loader
+    went on from a state 1 batch ahead, as the states of ``dispatch_batches=True`` differ), loaded by ``loaded_by``:
+    every process loads process 0's state, not the last writer's."""
+    from accelerate import checkpointing
+
+    ahead = prepared(data_loader_module, 0, num_processes=saved_by)
+    batches = iter(ahead)
+    next(batches)
+    for process_index in [index for index in range(saved_by) if index != 1] + [1]:
+        loader = prepared(data_loader_module, 0, num_processes=saved_by)
+        if process_index == 1:
+            loader.load_state_dict(ahead.state_dict())
+        batches = iter(loader)
+        for _ in range(2):
+            next(batches)
+        processes(monkeypatch, saved_by)
+        checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=process_index, step=0)
+        monkeypatch.undo()
+        if process_index == 0:
+            state = loader.state_dict()
+    loader = prepared(data_loader_module, 0)
+    loader.load_state_dict(state)
+    rest = ids(loader)  # the loader load_as makes, from process 0's state
+    for process_index in range(loaded_by):
+        loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch, num_processes=loaded_by)
+        assert loaded == rest, f"process {process_index} of {loaded_by} resumed with {loaded}, not {rest}"
+
+
 @pytest.mark.parametrize("saved_by", [4, 2])
 @pytest.mark.parametrize("fresh", ["two-processes", "one-process", "main-only"])
 def test_state_of_an_older_save_in_a_reused_folder_is_not_loaded(tmp_path, monkeypatch, saved_by, fresh):
