@@ -583,6 +583,7 @@ def test_another_number_of_processes_loads_one_state_in_every_process(tmp_path, 
         assert loaded == rest, f"process {process_index} of {loaded_by} resumed with {loaded}, expected {rest}"
 
 
+@pytest.mark.regression("accelerate", "shared-checkpoint-folder")
 @pytest.mark.parametrize("saved_by, loaded_by", [(2, 4), (2, 1), (4, 2)])
 def test_another_number_of_processes_loads_process_0_s_state_of_the_same_save(
     tmp_path, monkeypatch, saved_by, loaded_by
