@@ -92,9 +92,17 @@ class Server:
         a rank imported the upstream from another code than the server's (the release's tree, or anywhere else for
         the series)."""
         self.waiting = False
-        keys = [f"{self.prefix}/started/{rank}" for rank in range(self.nproc)]
-        if not self._wait(keys, START_TIMEOUT):
+        for attempt in range(3):
+            keys = [f"{self.prefix}/started/{rank}" for rank in range(self.nproc)]
+            if self._wait(keys, START_TIMEOUT):
+                break
             tail = self.tail()
+            if attempt < 2 and self.proc.poll() is not None and "EADDRINUSE" in tail:
+                # Its rendezvous port was free when chosen (ranks.free_port) and taken by another process before the
+                # server bound it: a new server, on another port
+                self.launch()
+                self.waiting = False
+                continue
             self.stop()
             raise KitError(f"the {self.code} server {self.name} on {self.nproc} processes did not start; its log "
                            f"{self.log}: {tail}")

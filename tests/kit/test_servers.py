@@ -22,6 +22,9 @@ def handle(op, args):
 
 if os.environ.get("JOB_START") == "fail":
     sys.exit("no start")
+if os.environ.get("JOB_START") == "port-taken-once" and not os.path.exists("port-taken"):
+    open("port-taken", "w").close()  # in the server's logs folder, its working directory
+    sys.exit("DistNetworkError: ... code: -98, name: EADDRINUSE, message: address already in use")
 serve(int(os.environ["RANK"]), {module!r}, handle)
 """
 
@@ -65,3 +68,11 @@ def test_a_server_that_does_not_start_or_imports_the_wrong_code_is_one_line(tmp_
     with pytest.raises(KitError, match="imported its upstream from /elsewhere/tiny"):
         release.send("echo", {})
     assert not release.running()
+
+
+def test_a_server_whose_rendezvous_port_was_taken_starts_again_on_another(tmp_path, monkeypatch):
+    monkeypatch.setenv("JOB_START", "port-taken-once")
+    server = _server(tmp_path, nproc=1)
+    server.send("echo", {"x": 1})
+    assert [r["echo"] for r in server.receive(30)] == [{"x": 1}] and server.generation == 2
+    server.stop()
