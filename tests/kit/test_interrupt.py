@@ -158,7 +158,7 @@ def test_the_run_waits_for_a_slow_clean_up_after_ctrl_c(tmp_path):
     """Under load the bench needed more than the 6 s it had (it was killed before writing its report)."""
     started, done = tmp_path / "started", tmp_path / "cleaned-up"
     code = ("import sys, time; from pathlib import Path; from scripts import runlock\n"
-            f"def work():\n    Path({str(started)!r}).touch()\n    try:\n        time.sleep(60)\n    finally:\n"
+            f"def work():\n    try:\n        Path({str(started)!r}).touch()\n        time.sleep(60)\n    finally:\n"
             f"        time.sleep(8)\n        Path({str(done)!r}).touch()\n    return 0\n"
             "sys.exit(runlock.interruptible(work))")
     proc = subprocess.Popen([sys.executable, "-m", "scripts.runlock", "--name", "make bench", "--", sys.executable,
