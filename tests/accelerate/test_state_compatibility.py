@@ -90,9 +90,10 @@ def stop(loader):
         iterator._shutdown_workers()
 
 
-def state_after(module, num_workers, stop_after):
-    """The state of a dataloader of ``module`` that yielded ``stop_after`` batches (0: before the first batch)."""
-    loader = prepared(module, num_workers)
+def state_after(module, num_workers, stop_after, num_processes=2):
+    """The state of a dataloader of ``module`` (process 0's of ``num_processes``) that yielded ``stop_after`` batches
+    (0: before the first batch)."""
+    loader = prepared(module, num_workers, num_processes=num_processes)
     batches = []
     if stop_after:
         for batch in loader:
@@ -491,12 +492,15 @@ def processes(monkeypatch, num_processes):
     monkeypatch.setattr(checkpointing, "PartialState", lambda: state)
 
 
-def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2):
-    """``save_accelerator_state`` into ``folder`` as process ``process_index`` of ``num_processes``, from a loader that
-    yielded ``stop_after`` batches; returns the rest of that loader's epoch."""
+def save_after(folder, stop_after, process_index, monkeypatch, num_processes=2, start=None, loader_processes=2):
+    """``save_accelerator_state`` into ``folder`` as process ``process_index`` of ``num_processes``, from a loader (of
+    ``loader_processes``, that loaded ``start`` first when given) that yielded ``stop_after`` batches; returns the rest
+    of that loader's epoch."""
     from accelerate import checkpointing
 
-    loader = prepared(data_loader_module, 0)
+    loader = prepared(data_loader_module, 0, num_processes=loader_processes)
+    if start is not None:
+        loader.load_state_dict(start)
     batches = iter(loader)
     for _ in range(stop_after):
         next(batches)
@@ -524,20 +528,8 @@ def test_processes_saving_into_one_folder_each_load_their_own_state(tmp_path, mo
     from a state 2 batches ahead). The series loads each process's own (the base loads process 1's into both)."""
     from accelerate import checkpointing
 
-    rest = {0: save_after(tmp_path, 3, 0, monkeypatch)}
-    ahead = prepared(data_loader_module, 0)
-    batches = iter(ahead)
-    for _ in range(2):
-        next(batches)
-    loader = prepared(data_loader_module, 0)
-    loader.load_state_dict(ahead.state_dict())
-    batches = iter(loader)
-    for _ in range(3):
-        next(batches)
-    processes(monkeypatch, 2)
-    checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=1, step=0)
-    monkeypatch.undo()
-    rest[1] = ids(batches)
+    ahead = state_after(data_loader_module, 0, 2)
+    rest = {0: save_after(tmp_path, 3, 0, monkeypatch), 1: save_after(tmp_path, 3, 1, monkeypatch, start=ahead)}
     for process_index in (0, 1):
         loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch)
         assert loaded == rest[process_index], f"process {process_index} resumed with {loaded}"
@@ -593,23 +585,12 @@ def test_another_number_of_processes_loads_process_0_s_state_of_the_same_save(
     every process loads process 0's state, not the last writer's."""
     from accelerate import checkpointing
 
-    ahead = prepared(data_loader_module, 0, num_processes=saved_by)
-    batches = iter(ahead)
-    next(batches)
+    ahead = state_after(data_loader_module, 0, 1, num_processes=saved_by)
     for process_index in [index for index in range(saved_by) if index != 1] + [1]:
-        loader = prepared(data_loader_module, 0, num_processes=saved_by)
-        if process_index == 1:
-            loader.load_state_dict(ahead.state_dict())
-        batches = iter(loader)
-        for _ in range(2):
-            next(batches)
-        processes(monkeypatch, saved_by)
-        checkpointing.save_accelerator_state(tmp_path, [], [], [], [loader], process_index=process_index, step=0)
-        monkeypatch.undo()
-        if process_index == 0:
-            state = loader.state_dict()
+        save_after(tmp_path, 2, process_index, monkeypatch, num_processes=saved_by, loader_processes=saved_by,
+                   start=ahead if process_index == 1 else None)
     loader = prepared(data_loader_module, 0)
-    loader.load_state_dict(state)
+    loader.load_state_dict(state_after(data_loader_module, 0, 2, num_processes=saved_by))
     rest = ids(loader)  # the loader load_as makes, from process 0's state
     for process_index in range(loaded_by):
         loaded = load_as(checkpointing, tmp_path, process_index, monkeypatch, num_processes=loaded_by)
