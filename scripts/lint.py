@@ -3,8 +3,9 @@
 Per upstream (``[<name>.lint]`` of upstream/sources.toml): every ``commands`` entry is run from inside the
 checkout (series applied) on the ``.py`` files the series adds or changes, with the program taken from the
 tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requirements/tools.txt); each such
-file must start with the ``header`` regex. Per patch: it applies to the base with whitespace errors fatal
-(``git apply --cached --whitespace=error`` into a temporary index), and its message has a subject of at most
+file must start with the ``header`` regex and have no line that a ``forbidden`` rule's pattern matches. Per patch:
+it applies to the base with whitespace errors fatal (``git apply --cached --whitespace=error`` into a temporary
+index), and its message has a subject of at most
 72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO); all series are
 signed off by one identity. In a series of several
 commits (``[[<name>.gate.commits]]``) each commit is checked so: ``Fixes #<key>`` for a numeric key, none needed for
@@ -100,6 +101,19 @@ def touched_python(repo: Path, base: str) -> list[str]:
     return sorted(out.split())
 
 
+def forbidden_problems(name: str, repo: Path, files: list[str], rules: list[dict]) -> list[str]:
+    """One problem per line of ``files`` (relative to ``repo``) where a rule's ``pattern`` (a Python regex) matches,
+    comments included, naming the rule's ``reason``: ``[[<name>.lint.forbidden]]`` of upstream/sources.toml."""
+    problems = []
+    for rule in rules:
+        pattern = re.compile(rule["pattern"])
+        for f in files:
+            for number, line in enumerate((repo / f).read_text().splitlines(), 1):
+                if pattern.search(line):
+                    problems.append(f"{name}/{f}:{number}: {rule['reason']}")
+    return problems
+
+
 def require_series(pin: sources.Pin, repo: Path, patch_dir: Path) -> None:
     """Raise KitError unless ``repo`` carries exactly ``patch_dir``; its hint works in the checkout's state."""
     if not (repo / ".git").is_dir() or not series.matches(repo, f"base/{pin.version}", patch_dir):
@@ -123,6 +137,7 @@ def lint_upstream(pin: sources.Pin, table: dict, repo: Path, patch_dir: Path, to
     lint = table.get("lint", {})
     header = re.compile(lint.get("header", r"\A"))
     problems += [f"{pin.name}/{f}: no license header" for f in files if not header.match((repo / f).read_text())]
+    problems += forbidden_problems(pin.name, repo, files, lint.get("forbidden", []))
     for command in lint.get("commands", []) if files else []:
         program = tools / "bin" / command[0]
         if not program.exists():

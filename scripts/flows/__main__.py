@@ -24,7 +24,7 @@ OUT = KIT_ROOT / "build" / "flows"  # the report the gate and make pr cite
 # AT, as make help and the README say it
 AT_HELP = ("the commit of each checkout that runs as the series (default HEAD), the same rev for both: HEAD~1 is each "
            "stack without its last commit; Accelerate's first commit alone is HEAD~4 (a stack of 5), DeepSpeed's "
-           "HEAD~6 (a stack of 7); one upstream alone: python -m scripts.flows --only deepspeed --at HEAD~6")
+           "HEAD~7 (a stack of 8); one upstream alone: python -m scripts.flows --only deepspeed --at HEAD~7")
 
 
 def uncommitted(name: str) -> list[str]:

@@ -1,4 +1,4 @@
-"""The DeepSpeed follow-up "cluster-files" (the series' third commit, ``docs/issues/cluster-files.md``): a restart
+"""The DeepSpeed follow-up "cluster-files" (a commit of the series, ``docs/issues/cluster-files.md``): a restart
 from any checkpoint a job kept, after the job went on past cluster reshuffles, reads what the uninterrupted run read.
 
 Upstream file: deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py (DeepSpeed 0.19.8). The checkpoint names

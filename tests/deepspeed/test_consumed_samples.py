@@ -1,13 +1,13 @@
-"""The DeepSpeed follow-up "consumed-samples" (the series' first commit, ``docs/issues/consumed-samples.md``): after a
+"""The DeepSpeed follow-up "consumed-samples" (a commit of the series, ``docs/issues/consumed-samples.md``): after a
 resume, ``consumed_samples`` is the uninterrupted run's.
 
 Upstream file: deepspeed/runtime/data_pipeline/data_sampling/data_sampler.py (DeepSpeed 0.19.8), ``__iter__``
 (lines 303-314): a micro-batch is added to ``consumed_samples`` after its ``yield``, so the state after micro-batch
 m (a checkpoint, what ``post_process_func`` receives) counts m - 1, and a resumed sampler never adds the missing one.
-Tests marked ``regression("deepspeed", "consumed-samples")`` fail on the base and pass with the first commit: what
-``post_process_func`` receives after one or two resumes, on one and two data-parallel ranks, and when the sampler
-stops; a checkpoint of the release loads and counts on from its count. The same with workers is marked
-``regression("deepspeed", "io-workers")``: it also needs the fourth commit.
+Tests marked ``regression("deepspeed", "consumed-samples")`` fail on the base plus the commits before it and pass
+with it: what ``post_process_func`` receives after one or two resumes, on one and two data-parallel ranks, and when
+the sampler stops; a checkpoint of the release loads and counts on from its count. The same with workers is marked
+``regression("deepspeed", "io-workers")``: it also needs the io-workers commit.
 The guard holds the fix to the release: an uninterrupted run yields the release's micro-batches, as many.
 """
 
@@ -21,8 +21,8 @@ from tests.deepspeed.scenarios import ONE_EPOCH, SCENARIOS, SINGLE_CLUSTER
 pytestmark = pytest.mark.usefixtures("stub_collectives")
 
 NUM_BATCHES = 30  # micro-batches of 2 per rank from 48 samples: past a pass over the dataset
-# Without workers the count is the first commit's; with workers it also needs the fourth (the checkpoint holds the
-# state of the micro-batches training consumed, not of the DataLoader's prefetch).
+# Without workers the count is the consumed-samples commit's; with workers it also needs io-workers (the checkpoint
+# holds the state of the micro-batches training consumed, not of the DataLoader's prefetch).
 NUM_WORKERS = [
     pytest.param(0, id="nw0", marks=pytest.mark.regression("deepspeed", "consumed-samples")),
     pytest.param(2, id="nw2", marks=pytest.mark.regression("deepspeed", "io-workers")),

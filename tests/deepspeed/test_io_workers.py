@@ -1,11 +1,11 @@
-"""The DeepSpeed follow-up "io-workers" (the series' fourth commit, ``docs/issues/io-workers.md``): with
+"""The DeepSpeed follow-up "io-workers" (a commit of the series, ``docs/issues/io-workers.md``): with
 ``data_sampling.num_workers > 0`` a checkpoint holds the sampler's state of the micro-batches training consumed.
 
 Upstream file: deepspeed/runtime/dataloader.py (DeepSpeed 0.19.8). ``DeepSpeedDataLoader`` builds a torch
 ``DataLoader`` with ``batch_sampler=DeepSpeedDataSampler`` and ``num_workers`` workers, which pulls
 ``num_workers * prefetch_factor`` (here 2 * 2) micro-batches from the sampler ahead of training; the checkpoint and
 ``post_process_func`` get the sampler's state as of that prefetch (lines 129-139). Tests marked
-``regression("deepspeed", "io-workers")`` fail on the base plus the first three commits and pass with the fourth. They
+``regression("deepspeed", "io-workers")`` fail on the base plus the commits before it and pass with it. They
 resume at every micro-batch of a *prefetch window before a reshuffle*, where the prefetch has reshuffled a cluster
 that the consumed state still reads: the run finds those micro-batches itself (a reshuffle counted by the time
 training takes micro-batch k with workers but not without them), on one and two data-parallel ranks, with one

@@ -9,7 +9,8 @@ from scripts import lint
 from scripts.git import git
 from scripts.sources import KIT_ROOT
 
-LINT = "[tiny.lint]\nheader = '\\A# tiny\\n'\ncommands = [[\"ruff\", \"format\", \"--check\"]]\n"
+LINT = ("[tiny.lint]\nheader = '\\A# tiny\\n'\ncommands = [[\"ruff\", \"format\", \"--check\"]]\n"
+        "forbidden = [{ pattern = 'os\\.system', reason = 'no os.system' }]\n")
 
 
 def lint_series(kit, capsys, content: str, message: str) -> tuple[int, str]:
@@ -41,9 +42,10 @@ def test_clean_patch_passes(kit, capsys):
     "trailing whitespace",
     "tiny/tiny/__init__.py: no license header",
     "`ruff format --check` failed",
+    "tiny/tiny/__init__.py:3: no os.system",
 ])
 def test_misformatted_unsigned_patch_fails(kit, capsys, problem):
-    code, out = lint_series(kit, capsys, "VALUE=[1,\n  2]  \n", "x" * 80)
+    code, out = lint_series(kit, capsys, "VALUE=[1,\n  2]  \n# not os.system either\n", "x" * 80)
     assert code == 1
     assert problem in out, out
 
