@@ -5,9 +5,8 @@ checkout (series applied) on the ``.py`` files the series adds or changes, with 
 tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requirements/tools.txt); each such
 file must start with the ``header`` regex and have no line that a ``forbidden`` rule's pattern matches. Per patch:
 it applies to the base with whitespace errors fatal (``git apply --cached --whitespace=error`` into a temporary
-index), and its message has a subject of at most
-72 characters, a body, a ``Fixes #N`` line and a ``Signed-off-by:`` trailer (DeepSpeed's DCO); all series are
-signed off by one identity. In a series of several
+index), and its message has a subject of at most 72 characters, a body, a ``Fixes #N`` line and a
+``Signed-off-by:`` trailer (DeepSpeed's DCO); all series are signed off by one identity. In a series of several
 commits (``[[<name>.gate.commits]]``) each commit is checked so: ``Fixes #<key>`` for a numeric key, none needed for
 a slug key (a follow-up without an issue number yet). The kit's own
 code: ``ruff check`` with the kit's pyproject.toml, and the GitHub Actions workflows with actionlint. Prints one
@@ -103,7 +102,8 @@ def touched_python(repo: Path, base: str) -> list[str]:
 
 def forbidden_problems(name: str, repo: Path, files: list[str], rules: list[dict]) -> list[str]:
     """One problem per line of ``files`` (relative to ``repo``) where a rule's ``pattern`` (a Python regex) matches,
-    comments included, naming the rule's ``reason``: ``[[<name>.lint.forbidden]]`` of upstream/sources.toml."""
+    comments included, naming the rule's ``reason``: the ``forbidden`` list of ``[<name>.lint]`` in
+    upstream/sources.toml."""
     problems = []
     for rule in rules:
         pattern = re.compile(rule["pattern"])
