@@ -51,7 +51,7 @@ DEFAULT ?=
 
 # `make flows FULL=1`: every triple of factor levels, not every pair (README, "The flow table").
 FULL ?=
-# `make flows FLOWS_CACHE=0` (or make test): run every flow's release column, reusing none stored in build/flows-cache/.
+# `make flows FLOWS_CACHE=0` (or make test): run every flow's columns, reusing none stored in build/flows-cache/.
 FLOWS_CACHE ?=
 # `make flows AT=HEAD~1`: run that commit of each checkout as the series (ABOUT_AT below says it for make help).
 AT ?=
@@ -141,7 +141,7 @@ ABOUT_DISCARD := 1: drop commits in a checkout that patches/ does not hold
 READ_BY_DISCARD := unapply
 ABOUT_FULL := 1: every triple of factor levels, not every pair
 READ_BY_FULL := flows
-ABOUT_FLOWS_CACHE := 0: run the flow table's release columns, reusing none (default: reuse by content)
+ABOUT_FLOWS_CACHE := 0: run every column of the flow table and side of the stored histories, reusing none (default: reuse by content)
 READ_BY_FLOWS_CACHE := flows test
 ABOUT_AT := the commit of each checkout that runs as the series (default HEAD), the same rev for both: HEAD~1 is each stack without its last commit; Accelerate's first commit alone is HEAD~4 (a stack of 5), DeepSpeed's HEAD~7 (a stack of 8); one upstream alone: python -m scripts.flows --only deepspeed --at HEAD~7
 READ_BY_AT := flows

@@ -44,14 +44,17 @@ class Store:
 class Server:
     """One launch of the job ``script`` (of an upstream) on one code (``release`` or ``series``) and process count,
     ``name`` its keys' prefix (see the module's docstring); ``release``: the release's tree, which the ranks of a
-    ``release`` server must import the upstream from, and those of a ``series`` server must not; ``preload``: the
-    modules its ranks fork after (``PRELOAD``)."""
+    ``release`` server must import the upstream from, and those of a ``series`` server must not; ``series``: the
+    folder of the upstream's package the ranks of a ``series`` server must import (``scripts/flows/run.py``'s
+    ``series_package``, whose digest keys the series' stored results); ``preload``: the modules its ranks fork after
+    (``PRELOAD``)."""
 
     def __init__(self, store: Store, script: Path, name: str, code: str, nproc: int, pythonpath: str, logs: Path,
-                 release: Path, preload: tuple[str, ...] = ()):
+                 release: Path, series: Path, preload: tuple[str, ...] = ()):
         self.store, self.script, self.name, self.code, self.nproc = store, script, name, code, nproc
         self.preload = preload
-        self.pythonpath, self.logs, self.release = pythonpath, logs, release
+        self.pythonpath, self.logs = pythonpath, logs
+        self.folder = release if code == "release" else series
         self.proc, self.generation, self.n, self.log, self.waiting = None, 0, 0, None, False
         self.outstanding = False  # an operation sent and not received: the server is busy with it
 
@@ -89,8 +92,8 @@ class Server:
 
     def _started(self) -> None:
         """Wait until every rank of the server launched last has started; raises KitError when one does not, or when
-        a rank imported the upstream from another code than the server's (the release's tree, or anywhere else for
-        the series)."""
+        a rank imported the upstream from another code than the server's (the release's tree, or the series'
+        package)."""
         self.waiting = False
         for attempt in range(3):
             keys = [f"{self.prefix}/started/{rank}" for rank in range(self.nproc)]
@@ -108,10 +111,10 @@ class Server:
                            f"{self.log}: {tail}")
         for key in keys:
             module = Path(self.store.store.get(key).decode())
-            if module.resolve().is_relative_to(self.release.resolve()) != (self.code == "release"):
+            if not module.resolve().is_relative_to(self.folder.resolve()):
                 self.stop()
-                raise KitError(f"the {self.code} server {self.name} imported its upstream from {module}: check "
-                               "PYTHONPATH and the editable installs of upstream/")
+                raise KitError(f"the {self.code} server {self.name} imported its upstream from {module}, not from "
+                               f"{self.folder}: check PYTHONPATH and the editable installs of upstream/")
 
     def tail(self, chars: int = 1500) -> str:
         text = self.log.read_text(errors="replace").strip() if self.log and self.log.exists() else ""

@@ -82,7 +82,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """How many release sides of the flow table and the stored histories were reused (``tests/flows``,
+    """How many release and series sides of the flow table and the stored histories were reused (``tests/flows``,
     ``tests/histories``). After a run on
     checkouts without the series: which failures are the bugs reproducing, which are not (kept for
     ``pytest_unconfigure``, which prints it last)."""
@@ -90,13 +90,15 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
     calls = [dict(r.user_properties) for kind in ("passed", "failed") for r in terminalreporter.stats.get(kind, [])
              if r.when == "call"]
-    for prop, what, unit, units in (("flow_release_reused", "the flow table", "flow", "flows"),
-                                    ("history_release_reused", "the stored histories", "history", "histories")):
-        reused = [props[prop] for props in calls if prop in props]
-        if reused:
-            terminalreporter.write_line(f"{what}: the release side of {sum(map(bool, reused))} of "
-                                        f"{plural(len(reused), unit, units)} reused from build/flows-cache "
-                                        "(FLOWS_CACHE=0 runs them)")
+    for prop, what, unit, units in (("flow", "the flow table", "flow", "flows"),
+                                    ("history", "the stored histories", "history", "histories")):
+        sides = {side: [props[f"{prop}_{side}_reused"] for props in calls if f"{prop}_{side}_reused" in props]
+                 for side in ("release", "series")}
+        if sides["release"]:
+            terminalreporter.write_line(
+                f"{what}: of {plural(len(sides['release']), unit, units)}, the release side of "
+                f"{sum(map(bool, sides['release']))} and the series side of {sum(map(bool, sides['series']))} reused "
+                "from build/flows-cache (FLOWS_CACHE=0 runs them)")
     unapplied = [name for name, line in config.stash.get(CHECKOUTS, {}).items() if "series applied" not in line]
     failed = terminalreporter.stats.get("failed", [])
     if not unapplied or not failed:

@@ -7,8 +7,8 @@ floor.
 - ``accelerate``, ``deepspeed``: items 1-3, base and patched side by side (scripts/bench/upstreams.py);
 - ``gate``: item 4, the gate against its floor F, as gate / F (scripts/bench/gate.py); ``profile``
   (``--profile-gate``): where the gate's time goes; ``cold-apply`` (``--cold-apply``): item 5;
-- ``flows`` (``--flows``): ``make test`` without the flow table, cold and after a series edit, and ``make flows``
-  (scripts/bench/flows.py).
+- ``flows`` (``--flows``): ``make test`` without the flow table, cold and after a one-line edit to each upstream's
+  series, and ``make flows`` cold and after such edits (scripts/bench/flows.py).
 
 The sides, the measurement processes and the figures are described in scripts/bench/common.py.
 Output: ``build/bench/report.json`` and ``report.md`` (``--out``), logs of every process in ``<out>/logs/``.
@@ -114,8 +114,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=5000, help="timed DeepSpeed sampler micro-batches (default 5000)")
     parser.add_argument("--roundtrips", type=int, default=200, help="state round trips per DeepSpeed process")
     parser.add_argument("--flows", action="store_true",
-                        help="also make test without the flow table, cold and after a series edit, and make flows "
-                        "cold and warm (slow)")
+                        help="also make test without the flow table, cold and after a one-line edit to each "
+                        "upstream's series, and make flows cold and after such edits (slow)")
     parser.add_argument("--flows-repeat", type=int, default=1, help="make test repetitions of --flows (default 1)")
     parser.add_argument("--gate-repeat", type=int, default=GATE_REPEAT,
                         help=f"gate and floor repetitions (default {GATE_REPEAT})")

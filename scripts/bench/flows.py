@@ -1,24 +1,30 @@
-"""The flow table's cost (issues 39 and 52): ``make test`` without the flow table, cold and after an edit to a
-series, and ``make flows`` (pairwise and ``FULL=1``) cold and warm.
+"""The flow table's cost (issues 39 and 52): ``make test`` without the flow table, cold and after a one-line edit to
+each upstream's series, and ``make flows`` (pairwise and ``FULL=1``) cold and after such an edit.
 
-``make test``'s own pytest command runs three times in one repetition: ``cold``, every release column run
-(``FLOWS_CACHE=0``, which stores them anew); ``edit``, as after a change to a series: the release columns reused from
-``build/flows-cache/`` (``scripts/flows/cache.py``; no input of their key is the series, so an edit to a series reuses
-them all, as a kit test shows); and ``without`` the flow table's tests (``--ignore=tests/flows``). ``cold`` comes
-first; repetitions alternate whether ``without`` or ``edit`` follows it (both then reuse the stored histories' release
-sides, ``scripts/histories/cache.py``). Wall and CPU time (user + system of the whole process tree) give the ratios
-to ``without``. Then ``python -m scripts.flows`` cold (``--no-cache``) and warm, for every pair of levels and for every
-triple (``--full``); their reports land in ``<out>/flows-*/`` (``build/flows/``, which the gate and ``make pr`` cite,
-stays).
+``make test``'s own pytest command runs four times in one repetition: ``cold``, every column of the flow table and
+every side of the stored histories run (``FLOWS_CACHE=0``, which stores them anew); ``without`` the flow table's
+tests (``--ignore=tests/flows``); and ``edit <upstream>``, as after a one-line change to that upstream's series: a copy
+of its package as the checkout holds it with one comment line added (``edited``) first on ``PYTHONPATH``, so that
+its series columns and series sides run again and everything else is reused from ``build/flows-cache/``
+(``scripts/flows/cache.py``, ``scripts/histories/cache.py``). ``cold`` comes first; the others follow in an order
+that turns with each repetition. Wall and CPU time (user + system of the whole process tree) give the ratios to
+``without``. Then ``python -m scripts.flows`` cold (``--no-cache``) and after an edit of each upstream, for every pair
+of levels and for every triple (``--full``); their reports land in ``<out>/flows-*/`` (``build/flows/``, which the
+gate and ``make pr`` cite, stays).
 """
 
 import argparse
 import os
 import shutil
+from pathlib import Path
 
 from scripts import launch, sources
 from scripts.bench.common import BenchError
 from scripts.bench.gate import children_cpu
+from scripts.flows import KINDS
+from scripts.flows.run import series_package
+
+UPSTREAMS = sorted(KINDS)
 
 
 def _timed(args: argparse.Namespace, label: str, command: list[str], timeout: float, env: dict | None = None) -> dict:
@@ -30,31 +36,49 @@ def _timed(args: argparse.Namespace, label: str, command: list[str], timeout: fl
     return {"seconds": round(run.seconds, 1), "cpu_s": round(children_cpu() - cpu, 1), "exit": run.returncode}
 
 
+def edited(name: str, folder: Path, line: str) -> dict:
+    """The environment of a run after a one-line edit to upstream ``name``'s series: a copy of its package as this
+    Python imports it (the checkout, uncommitted edits included) in ``folder``, ``line`` appended to its
+    ``__init__.py`` as a comment, first on ``PYTHONPATH``. Raises KitError when the package cannot be found."""
+    package = series_package(name)
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(package, folder / name, ignore=shutil.ignore_patterns("__pycache__"))
+    init = folder / name / "__init__.py"
+    init.write_text(init.read_text() + f"# {line}\n")
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p),
+            "FLOWS_CACHE": "1"}
+
+
 def bench_flows(args: argparse.Namespace) -> dict:
-    """{"test": [{"without", "cold", "edit": {...}} per repetition], "flows": {"pairwise" | "full": {"cold",
-    "warm": {...}}}}: each {"seconds", "cpu_s", "exit"}."""
+    """{"test": [{"without", "cold", "edit <upstream>"...: {...}} per repetition], "flows": {"pairwise" | "full":
+    {"cold", "edit <upstream>"...: {...}}}}: each {"seconds", "cpu_s", "exit"}."""
     jobs = str(2 * len(os.sched_getaffinity(0)))
     pytest = [str(args.python), "-m", "pytest", "-q", "-n", jobs, "--dist", "loadgroup", "tests"]
-    runs = {"without": ([*pytest, "--ignore=tests/flows"], {}), "cold": (pytest, {"FLOWS_CACHE": "0"}),
-            "edit": (pytest, {"FLOWS_CACHE": "1"})}
+    later = ["without", *(f"edit {name}" for name in UPSTREAMS)]
     repetitions = []
     for index in range(args.flows_repeat):
-        # cold first (it stores the release sides); without then sees the stored histories as edit does
-        order = ("cold", "without", "edit") if index % 2 == 0 else ("cold", "edit", "without")
         measured = {}
-        for label in order:
+        for label in ["cold", *later[index % len(later):], *later[:index % len(later)]]:
             print(f"bench: flows: make test, {label} ({index + 1}/{args.flows_repeat})", flush=True)
-            command, env = runs[label]
-            measured[label] = _timed(args, f"test-{label}-{index}", command, args.gate_timeout, env)
+            command, env = pytest, {"FLOWS_CACHE": "0"}
+            if label == "without":
+                command, env = [*pytest, "--ignore=tests/flows"], {}
+            elif label != "cold":
+                name = label.removeprefix("edit ")
+                env = edited(name, args.out / "edited" / name, f"a one-line edit (make bench, repetition {index})")
+            measured[label] = _timed(args, f"test-{label.replace(' ', '-')}-{index}", command, args.gate_timeout, env)
         repetitions.append(measured)
     tables = {}
     for selection, extra in (("pairwise", []), ("full", ["--full"])):
         tables[selection] = {}
-        for state, cache in (("cold", ["--no-cache"]), ("warm", [])):
-            print(f"bench: flows: make flows{' FULL=1' if extra else ''}, {state}", flush=True)
-            out = args.out / f"flows-{selection}"
-            tables[selection][state] = _timed(args, f"flows-{selection}-{state}", [
-                str(args.python), "-m", "scripts.flows", *extra, *cache, "--out", str(out)], args.gate_timeout * 2)
+        out = args.out / f"flows-{selection}"
+        for label in ("cold", *(f"edit {name}" for name in UPSTREAMS)):
+            print(f"bench: flows: make flows{' FULL=1' if extra else ''}, {label}", flush=True)
+            env = {} if label == "cold" else edited(label.removeprefix("edit "), args.out / "edited" / label[5:],
+                                                    f"a one-line edit (make bench, make flows {selection})")
+            tables[selection][label] = _timed(args, f"flows-{selection}-{label.replace(' ', '-')}", [
+                str(args.python), "-m", "scripts.flows", *extra, *(["--no-cache"] if label == "cold" else []),
+                "--out", str(out)], args.gate_timeout * 2, env)
             shutil.rmtree(out / "work", ignore_errors=True)
     return {"test": repetitions, "flows": tables}
 
@@ -65,21 +89,25 @@ def _ratio(a: dict, b: dict) -> str:
 
 def flows_markdown(f: dict) -> list[str]:
     """The part's tables."""
+    edits = [f"edit {name}" for name in UPSTREAMS]
     md = ["## The flow table's cost", "", "`make test`'s pytest command without `tests/flows`, whole with every "
-          "release column run (cold), and whole right after (edit: the release columns reused, as after a change to "
-          "a series):",
-          "", "| repetition | without: wall / CPU s | cold: wall / CPU s | edit: wall / CPU s | cold / without: wall, "
-          "CPU | edit / without: wall, CPU | exit |", "|---|---|---|---|---|---|---|"]
+          "column run (cold), and whole after a one-line edit to one upstream's series (edit: that upstream's series "
+          "columns and series sides of the stored histories run, the rest reused):", "",
+          "| repetition | " + " | ".join(f"{k}: wall / CPU s" for k in ("without", "cold", *edits))
+          + " | " + " | ".join(f"{k} / without: wall, CPU" for k in ("cold", *edits)) + " | exit |",
+          "|---" * (3 + 2 * len(edits) + 2) + "|"]
     for index, r in enumerate(f["test"]):
         md.append(f"| {index + 1} | " + " | ".join(f"{r[k]['seconds']} / {r[k]['cpu_s']}" for k in
-                                                   ("without", "cold", "edit"))
-                  + f" | {_ratio(r['cold'], r['without'])} | {_ratio(r['edit'], r['without'])} | "
-                  + ", ".join(str(r[k]["exit"]) for k in ("without", "cold", "edit")) + " |")
-    md += ["", "`make flows`, cold (`FLOWS_CACHE=0`) and warm (the release columns reused):", "",
-           "| selection | cold: wall / CPU s | warm: wall / CPU s | warm / cold: wall, CPU | exit |",
-           "|---|---|---|---|---|"]
+                                                   ("without", "cold", *edits))
+                  + " | " + " | ".join(_ratio(r[k], r["without"]) for k in ("cold", *edits)) + " | "
+                  + ", ".join(str(r[k]["exit"]) for k in ("without", "cold", *edits)) + " |")
+    md += ["", "`make flows`, cold (`FLOWS_CACHE=0`) and after a one-line edit to one upstream's series:", "",
+           "| selection | cold: wall / CPU s | " + " | ".join(f"{k}: wall / CPU s" for k in edits) + " | "
+           + " | ".join(f"{k} / cold: wall, CPU" for k in edits) + " | exit |",
+           "|---" * (3 + 2 * len(edits)) + "|"]
     for selection, t in f["flows"].items():
-        md.append(f"| {'FULL=1' if selection == 'full' else 'pairwise'} | {t['cold']['seconds']} / "
-                  f"{t['cold']['cpu_s']} | {t['warm']['seconds']} / {t['warm']['cpu_s']} | "
-                  f"{_ratio(t['warm'], t['cold'])} | {t['cold']['exit']}, {t['warm']['exit']} |")
+        md.append(f"| {'FULL=1' if selection == 'full' else 'pairwise'} | "
+                  + " | ".join(f"{t[k]['seconds']} / {t[k]['cpu_s']}" for k in ("cold", *edits)) + " | "
+                  + " | ".join(_ratio(t[k], t["cold"]) for k in edits) + " | "
+                  + ", ".join(str(t[k]["exit"]) for k in ("cold", *edits)) + " |")
     return [*md, ""]

@@ -55,7 +55,7 @@ def selection(name: str, full: bool) -> list[dict]:
 
 def judged(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, at: str = "",
            reuse: bool = True) -> list[dict]:
-    """Run ``flows`` in ``work`` (the series: the installed checkout, or its commit ``at``; the release columns
-    stored in ``build/flows-cache/`` reused unless ``reuse`` is false) and judge them: the rows of ``judge.table``."""
+    """Run ``flows`` in ``work`` (the series: the installed checkout, or its commit ``at``; the columns stored in
+    ``build/flows-cache/`` reused unless ``reuse`` is false) and judge them: the rows of ``judge.table``."""
     results, reused = run.run(name, flows, work, parallel=parallel, say=say, at=at, reuse=reuse)
     return judge.table(flows, results, NUM_SAMPLES[name], differences(name), reused)

@@ -36,10 +36,10 @@ def uncommitted(name: str) -> list[str]:
 def about(name: str, head: str = "HEAD") -> dict:
     """What the report says of upstream ``name`` beyond its rows: ``release`` (the version installed, whose
     ``base/<version>`` the release column ran; else the default pin of ``upstream/sources.toml``), ``url`` (the
-    upstream's git URL there), ``environment`` (Python, torch, the CPU cores) and ``stack``: the commits from the base
-    to ``head`` in the checkout (else every patch of ``patches/<name>/``), each with its ``subject`` and, from
-    ``[[<name>.gate.commits]]``, its ``key`` (an upstream issue number, or the slug of a follow-up) and ``proposal_on``
-    (the open PR it is offered to)."""
+    upstream's git URL there), ``environment`` (Python, torch, torchdata and numpy where installed, the CPU cores) and
+    ``stack``: the commits from the base to ``head`` in the checkout (else every patch of ``patches/<name>/``), each
+    with its ``subject`` and, from ``[[<name>.gate.commits]]``, its ``key`` (an upstream issue number, or the slug of a
+    follow-up) and ``proposal_on`` (the open PR it is offered to)."""
     pins = sources.load()[name]
     try:
         release = run.release_version(name)
@@ -51,8 +51,13 @@ def about(name: str, head: str = "HEAD") -> dict:
     subjects = (logged.stdout.splitlines() if logged and logged.returncode == 0 else
                 [stack.subject(p) for p in series.patch_files(KIT_ROOT / "patches" / name)])
     commits = pins.get("gate", {}).get("commits", [])
-    environment = (f"Python {platform.python_version()}, torch {importlib.metadata.version('torch')}, CPU, "
-                   f"{os.cpu_count()} cores")
+    libraries = []
+    for library in ("torch", "torchdata", "numpy"):
+        try:
+            libraries.append(f"{library} {importlib.metadata.version(library)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    environment = f"Python {platform.python_version()}, {', '.join(libraries)}, CPU, {os.cpu_count()} cores"
     return {"release": release, "url": pins.get("git", ""), "environment": environment,
             "stack": [{"subject": subject, "key": commits[n]["key"] if n < len(commits) else str(n + 1),
                        "proposal_on": commits[n].get("proposal_on") if n < len(commits) else None}

@@ -1,4 +1,4 @@
-"""The release column of the flow table, reused by content (issue 52): run again only when what it runs changed.
+"""The flow table's columns, reused by content (issue 52): run again only when what they run changed.
 
 A flow's release column (its save and load runs, or its order run) runs the pristine release at both ends, so its
 records are a function of neither the series nor the checkout: only of
@@ -10,6 +10,11 @@ records are a function of neither the series nor the checkout: only of
   which writes the plan and the launch's environment, the job servers and the launcher of their ranks) and the task
   timeout;
 - the environment: the lock, every installed distribution, the Python and torch (``scripts.cache``).
+
+A flow's series column runs the series (and the release where the flow's ``versions`` says so): its key holds the
+same inputs and ``series``, the digest of the upstream's package as the series imports it (every file of the folder of
+its ``__init__.py``: the checkout with its uncommitted edits, a gate stage's tree or ``make flows AT=``'s), so an edit
+to one upstream's series runs that upstream's series columns again and reuses the other's.
 
 The records are stored, not the verdicts: ``judge.py`` judges reused records as it judges new ones, so the judge's code
 is not an input. A column is stored only when every rank recorded every part, none hung, and every crash is the code's
@@ -35,24 +40,32 @@ RUNNERS = tuple(KIT_ROOT / "scripts" / name for name in ("flows/run.py", "server
 
 
 def reuse_on() -> bool:
-    """Whether stored release columns are reused: not when the environment says ``FLOWS_CACHE=0`` (or no, false)."""
+    """Whether stored columns are reused: not when the environment says ``FLOWS_CACHE=0`` (or no, false)."""
     return os.environ.get("FLOWS_CACHE", "").strip().lower() not in ("0", "no", "false")
 
 
 def release_inputs(repo: Path, version: str, job: Path, task_timeout: float) -> dict:
-    """What every flow's release column shares: the release (``version`` and the tree of ``base/<version>`` in the
+    """What every column of every flow shares: the release (``version`` and the tree of ``base/<version>`` in the
     checkout ``repo``), the job code (``job`` and what it imports, ``RUNNERS``) and the environment. Raises KitError
     when ``repo`` has no ``base/<version>`` (run make apply)."""
     return cache.run_inputs(repo, version, job, RUNNERS, task_timeout, KIT_ROOT)
 
 
-def key(shared: dict, flow: dict) -> str:
-    """The key of ``flow``'s release column: sha256 of ``shared`` (``release_inputs``) and the flow."""
-    return cache.key({**shared, "flow": {k: flow[k] for k in ("id", "kind", "factors")}})
+def series_code(package: Path) -> str:
+    """The digest of the series' code: sha256 of every file (names and contents) under ``package``, the folder of the
+    upstream's ``__init__.py`` as the series imports it."""
+    return cache.files_digest(cache.source_files(package), package)
+
+
+def key(shared: dict, flow: dict, series: str = "") -> str:
+    """The key of ``flow``'s release column (``series`` empty) or series column (``series``: ``series_code``):
+    sha256 of ``shared`` (``release_inputs``), the flow and the series' code."""
+    return cache.key({**shared, "flow": {k: flow[k] for k in ("id", "kind", "factors")},
+                      **({"series": series} if series else {})})
 
 
 def load(folder: Path, column_key: str) -> dict | None:
-    """The stored release column of ``column_key``: {"run": when it ran, "parts": {part: [rank records]}}; None
+    """The stored column of ``column_key``: {"run": when it ran, "parts": {part: [rank records]}}; None
     when there is none."""
     entry = cache.read(folder, column_key)
     return entry if entry and isinstance(entry.get("parts"), dict) else None
@@ -72,7 +85,7 @@ def code_crash(record: dict) -> bool:
 
 
 def storable(parts: dict) -> bool:
-    """Whether a release column's records may be reused: every rank recorded every part, none hung, and each part's
+    """Whether a column's records may be reused: every rank recorded every part, none hung, and each part's
     crashes are the code's (``code_crash``), or beside one that is, a lost peer or a rank the launcher ended (the
     runner's note: a rank that exits ends the others of its job). Anything else may be the machine's and runs again
     each time."""
@@ -89,6 +102,6 @@ def storable(parts: dict) -> bool:
 
 
 def store(folder: Path, column_key: str, parts: dict) -> None:
-    """Store a release column's ``parts`` under ``column_key`` with the time it ran (UTC). Raises OSError when the
+    """Store a column's ``parts`` under ``column_key`` with the time it ran (UTC). Raises OSError when the
     disk refuses."""
     cache.write(folder, column_key, {"run": cache.now(), "parts": parts})

@@ -234,15 +234,15 @@ def listed(flow_factors: dict, entries: list[dict]) -> dict | None:
 def table(flows: list[dict], results: dict, num_samples: int, known: list[dict], reused: dict | None = None
           ) -> list[dict]:
     """One row per flow: its factors, each column's outcome and detail, the verdict, the list entry that names it (a
-    regression without one fails the suite) and ``release_reused``: when the release column's reused records ran
-    (``reused``: {flow id: that time}; '' for a column run now)."""
+    regression without one fails the suite) and ``release_reused`` / ``series_reused``: when that column's reused
+    records ran (``reused``: {(flow id, column): that time}; '' for a column run now)."""
     rows = []
     for flow in flows:
         release = results[(flow["id"], "release")]
         parts = {"release": outcome(flow["kind"], release, num_samples),
                  "series": outcome(flow["kind"], results[(flow["id"], "series")], num_samples, release)}
         row = {"id": flow["id"], "kind": flow["kind"], "factors": flow["factors"], "verdict": verdict(**parts),
-               "release_reused": (reused or {}).get(flow["id"], "")}
+               **{f"{c}_reused": (reused or {}).get((flow["id"], c), "") for c in ("release", "series")}}
         for column in ("release", "series"):
             row[column], row[f"{column}_detail"] = worst(parts[column])
             row[f"{column}_parts"] = {part: o for part, (o, _) in parts[column].items()}
@@ -262,8 +262,8 @@ def unused(rows: list[dict], entries: list[dict]) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """Counts of one upstream's table: flows run, exact on each column, regressions (listed or not), fixed, release
-    columns reused."""
+    """Counts of one upstream's table: flows run, exact on each column, regressions (listed or not), fixed,
+    columns reused (each of the release and the series)."""
     return {
         "flows": len(rows),
         "release_exact": sum(r["release"] == "exact" for r in rows),
@@ -272,6 +272,7 @@ def summary(rows: list[dict]) -> dict:
         "unlisted_regressions": sum(r["verdict"] == "regression" and not r["listed"] for r in rows),
         "fixed": sum(r["verdict"] == "fixed" for r in rows),
         "release_reused": sum(bool(r.get("release_reused")) for r in rows),
+        "series_reused": sum(bool(r.get("series_reused")) for r in rows),
         "outcomes": {c: dict(Counter(r[c] for r in rows)) for c in ("release", "series")},
     }
 

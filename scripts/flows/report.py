@@ -12,7 +12,7 @@ from scripts.flows import factors, judge
 
 VERDICT_WORDS = {"regression": "**regression**", "fixed": "fixed", "same": ""}
 # The outcomes as the report counts them, every one in every summary line, in this order
-SHOWN = ("exact", "warned", "wrong", "error", "uneven", "hang", "crash")
+SHOWN = ("exact", "error", "warned", "wrong", "uneven", "hang", "crash")  # best first, as the judge ranks them
 OUTCOME_WORDS = {"error": "refused"}  # the judge's error: a clear refusal before any batch
 CELL = 160  # characters of a detail a cell holds whole; of a longer one, its first whole clauses and a link
 REASON = "R"  # the key of a listed reason: R1, R2, ... in the order of the table
@@ -57,15 +57,17 @@ def summary_lines(rows: list[dict], release: str) -> list[str]:
         if not c["flows"]:
             lines.append(f"{words[name]}: no flow")
             continue
-        lines.append(f"{words[name]}: {c['flows']} flows; release {release}: {_outcomes(c['release'])}; the stack: "
+        stack = {"rollback": f"the stack saving, {release} loading", "upgrade": f"{release} saving, the stack "
+                 "loading"}.get(name, "the stack")
+        lines.append(f"{words[name]}: {c['flows']} flows; {release} alone: {_outcomes(c['release'])}; {stack}: "
                      f"{_outcomes(c['series'])}; {_regressions(c)}, fixed {c['fixed']}")
     return lines[-1:] + lines[:-1]  # all flows first
 
 
 def reuse_line(counts: dict) -> str:
-    """How many release columns were reused from ``build/flows-cache/`` (``scripts/flows/cache.py``)."""
-    return (f"release columns reused: {counts['release_reused']} of {counts['flows']} (build/flows-cache; "
-            "FLOWS_CACHE=0 runs them)")
+    """How many release and series columns were reused from ``build/flows-cache/`` (``scripts/flows/cache.py``)."""
+    return (f"columns reused: release {counts['release_reused']}, series {counts.get('series_reused', 0)} of "
+            f"{counts['flows']} each (build/flows-cache; FLOWS_CACHE=0 runs them)")
 
 
 def _factors(factors: dict) -> str:
@@ -190,7 +192,9 @@ def glossary(name: str, rows: list[dict], about: dict) -> list[str]:
            "**Verdicts**: *regression*: the stack does worse than the release, in the column or in one part (a "
            "refusal where the release is exact counts); `make test` fails on one that "
            "`tests/flows/differences.toml` does not list with a reason. *fixed*: the stack is exact where the "
-           "release is not. Blank: the same.", "", _kinds_words(rows, release), "",
+           "release is not. Blank: neither (the same outcome, or another that ranks no worse, such as wrong on the "
+           "release and warned on the stack; the numbers in the cells say how each side did).", "",
+           _kinds_words(rows, release), "",
            "**Factors and levels** (`FACTOR_WORDS` in `scripts/flows/factors.py`), those the flows above use:", ""]
     used = {}
     for row in rows:
@@ -217,14 +221,16 @@ def header(doc: dict, keys: dict, details_file: str) -> list[str]:
              f"commit `{doc['series'][:12]}`), which fix {stack_words(about)}. Every run is compared with the same "
              "job run uninterrupted (the truth)" + (f"; on {about['environment']}" if about.get("environment") else "")
              + ". \"Series\" in the rows and details means the stack.", "",
-             f"How each side did, per kind of flow (release {release}: the job on {release} alone, at save and at "
-             "restart; the stack: the stack where the kind says; exact: reads what the uninterrupted run reads; "
-             "warned: wrong, and the restart said so; wrong: silently; refused: a clear error before any batch):", ""]
+             f"How each side did, per kind of flow ({release} alone: the job on {release} at save and at restart; "
+             "then the stack's side: the stack at both ends, or for a rollback or an upgrade the stack at one end "
+             f"and {release} at the other; best first: exact: reads what the uninterrupted run reads; refused: a "
+             "clear error before any batch; warned: wrong, and the restart said so; wrong: silently):", ""]
     lines += [f"- {line}" for line in doc["lines"]]
     return lines + ["", f"Below: the flows (regressions first; a flow's id links its details in full, "
                     f"[{details_file}]({details_file})), the job's own faults apart, the reasons of the listed "
-                    f"differences ({', '.join(keys.values()) or 'none'}), and the glossary. Release columns reused "
-                    f"from an earlier run: {doc['summary']['release_reused']} of {len(rows)} (`build/flows-cache/`).",
+                    f"differences ({', '.join(keys.values()) or 'none'}), and the glossary. Columns reused from an "
+                    f"earlier run: release {doc['summary']['release_reused']}, series "
+                    f"{doc['summary'].get('series_reused', 0)} of {len(rows)} each (`build/flows-cache/`).",
                     ""]
 
 

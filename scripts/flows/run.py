@@ -12,11 +12,14 @@ once for both phases (``parallel`` of them at work at once): first every ``save`
 (``tests/flows/tasks.py``). A server that ends early (a task hung or crashed, see the job scripts) leaves the task
 it was at recorded; its later tasks go to a new server.
 
-A flow's release column is reused from ``build/flows-cache/`` when what it runs is unchanged (``cache.py``): then
-only the series column of that flow is launched.
+A column of a flow is reused from ``build/flows-cache/`` when what it runs is unchanged (``cache.py``): the release
+column while the release and the job code are, the series column while also the series' code is. Only the columns
+not reused are launched.
 """
 
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import json
 import os
 import shutil
@@ -90,6 +93,19 @@ def release_version(name: str) -> str:
     return importlib.metadata.version(name).split("+")[0]
 
 
+def series_package(name: str, at_tree: Path | None = None) -> Path:
+    """The folder of upstream ``name``'s package as the series' launches import it: under ``at_tree`` (``make flows
+    AT=``'s tree), else the first on ``PYTHONPATH`` (theirs), else as this Python finds it (the editable install).
+    Raises KitError when it finds none."""
+    if at_tree is not None:
+        return at_tree / name
+    entries = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    spec = importlib.machinery.PathFinder.find_spec(name, entries) or importlib.util.find_spec(name)
+    if spec is None or not spec.origin:
+        raise KitError(f"{name} cannot be imported: run make apply first")
+    return Path(spec.origin).resolve().parent
+
+
 def release_tree(name: str, work: Path) -> Path:
     """``tree`` of the pristine release of upstream ``name`` that this Python has installed (``base/<version>``, which
     ``make apply`` makes)."""
@@ -116,18 +132,21 @@ def first_on(path: Path, pythonpath: str) -> str:
 def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, at: str = "",
         reuse: bool = True, stored: Path | None = None) -> tuple[dict, dict]:
     """Run ``flows`` of upstream ``name`` in ``work``; return ``({(flow id, column): {part: [rank records]}}``,
-    ``{flow id: when its reused release column ran}``). ``at``: a commit of the checkout to run as the series
-    (default: the upstream as this Python imports it). Release columns are read from ``stored`` (default
-    ``cache.CACHE``) when ``reuse`` and their key is there; every release column run now is stored there when its
-    records allow (``cache.py``).
+    ``{(flow id, column): when its reused records ran}``). ``at``: a commit of the checkout to run as the series
+    (default: the upstream as this Python imports it). Columns are read from ``stored`` (default ``cache.CACHE``)
+    when ``reuse`` and their key is there; every column run now is stored there when its records allow
+    (``cache.py``).
 
-    A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made or a server
-    does not start; OSError when ``work`` cannot be written (a column ``stored`` cannot keep is said through ``say``).
+    A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made, a server
+    does not start or a series' record was written by another code than the one its key holds; OSError when ``work``
+    cannot be written (a column ``stored`` cannot keep is said through ``say``).
     """
     work.mkdir(parents=True, exist_ok=True)
     series = os.environ.get("PYTHONPATH", "")
-    if at:
-        series = first_on(tree(name, at, work / "trees", "make flows AT="), series)
+    at_tree = tree(name, at, work / "trees", "make flows AT=") if at else None
+    if at_tree:
+        series = first_on(at_tree, series)
+    package = series_package(name, at_tree)
     release = release_tree(name, work / "trees")
     pythonpath = {"series": series, "release": first_on(release, series)}
     out = work / "records"
@@ -135,20 +154,21 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     out.mkdir()
     stored = stored or cache.CACHE
     shared = cache.release_inputs(KIT / "upstream" / name, release_version(name), JOBS[name], TASK_TIMEOUT)
-    keys = {flow["id"]: cache.key(shared, flow) for flow in flows}
+    code = cache.series_code(package)
+    keys = {(flow["id"], column): cache.key(shared, flow, code if column == "series" else "")
+            for flow in flows for column in ("release", "series")}
     results, reused = defaultdict(dict), {}
-    for flow in flows if reuse else ():
-        entry = cache.load(stored, keys[flow["id"]])
+    for column_key in keys if reuse else ():
+        entry = cache.load(stored, keys[column_key])
         if entry:
-            results[(flow["id"], "release")], reused[flow["id"]] = entry["parts"], entry["run"]
-    planned = [t for flow in flows for t in tasks_of(flow, work)
-               if not (t[3]["column"] == "release" and t[3]["flow"] in reused)]
+            results[column_key], reused[column_key] = entry["parts"], entry["run"]
+    planned = [t for flow in flows for t in tasks_of(flow, work) if (t[3]["flow"], t[3]["column"]) not in reused]
     store, servers = Store(START_TIMEOUT), {}
 
     def server(code: str, nproc: int) -> Server:
         if (code, nproc) not in servers:
             servers[(code, nproc)] = Server(store, JOBS[name], f"{name}-{code}", code, nproc, pythonpath[code],
-                                            work / "logs", release, PRELOAD[name])
+                                            work / "logs", release, package, PRELOAD[name])
         return servers[(code, nproc)]
 
     try:
@@ -163,29 +183,31 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
             for (code, nproc), tasks in groups.items():
                 for task in tasks:
                     found = records(out, task, nproc)
-                    _check_code(name, code, release, found, task)
+                    _check_code(name, {"release": release, "series": package}[code], found, task, code)
                     results[(task["flow"], task["column"])][task["part"]] = found
     finally:
         for each in servers.values():
             each.stop()
-    for flow in flows:
-        parts = results[(flow["id"], "release")]
-        if flow["id"] not in reused and cache.storable(parts):
+    for column_key, entry_key in keys.items():
+        parts = results[column_key]
+        if column_key not in reused and cache.storable(parts):
             try:
-                cache.store(stored, keys[flow["id"]], parts)
+                cache.store(stored, entry_key, parts)
             except OSError as e:  # the table stands; the next run runs the column again
-                say(f"flows: {name}: the release column of {flow['id']} is not kept in {stored}: {e}")
+                say(f"flows: {name}: the {column_key[1]} column of {column_key[0]} is not kept in {stored}: {e}")
     return dict(results), reused
 
 
-def _check_code(name: str, code: str, release: Path, found: list[dict | None], task: dict) -> None:
-    """Raise KitError when a record of ``task`` was written by another code than its launch's (its ``module``: the
-    upstream's ``__init__.py`` it imported): the release's tree for ``release``, any other for ``series``."""
+def _check_code(name: str, folder: Path, found: list[dict | None], task: dict, code: str) -> None:
+    """Raise KitError when a record of ``task`` was written by another code than its launch's, ``code`` (``release``
+    or ``series``), whose package is under ``folder`` (its ``module``: the upstream's ``__init__.py`` it imported;
+    the series' key holds the digest of that folder)."""
     for record in found:
         module = (record or {}).get("module")
-        if module and (Path(module).resolve().is_relative_to(release.resolve())) != (code == "release"):
+        if module and not Path(module).resolve().is_relative_to(folder.resolve()):
             raise KitError(f"flows: {task['flow']} ({task['column']}, {task['part']}) ran {name} from {module}, not "
-                           f"the {code}'s code: check PYTHONPATH and the editable install of upstream/{name}")
+                           f"the {code}'s code in {folder}: check PYTHONPATH and the editable install of "
+                           f"upstream/{name}")
 
 
 def _run_phase(name, phase, groups, out, server, parallel, say):

@@ -22,8 +22,9 @@ class Servers:
 
     def __init__(self, upstream: str, work: Path, release: Path):
         """``release``: the directory of the release's tree to put first on ``PYTHONPATH``
-        (``scripts.flows.run.release_tree``)."""
+        (``scripts.flows.run.release_tree``). Raises KitError when the series cannot be imported."""
         self.upstream, self.work, self.release = upstream, work, release
+        self.series = flows_run.series_package(upstream)
         series = os.environ.get("PYTHONPATH", "")
         self.pythonpath = {"series": series, "release": flows_run.first_on(release, series)}
         self.store = Store(STEP_TIMEOUT)
@@ -33,7 +34,7 @@ class Servers:
         key = (code, nproc)
         if key not in self.servers:
             self.servers[key] = Server(self.store, JOBS[self.upstream], f"{self.upstream}-{code}", code, nproc,
-                                       self.pythonpath[code], self.work / "logs", self.release,
+                                       self.pythonpath[code], self.work / "logs", self.release, self.series,
                                        PRELOAD[self.upstream])
         return self.servers[key]
 

@@ -3,9 +3,9 @@
 One test per flow. It fails when the flow is a regression (the code under test handles it worse than the release,
 ``scripts/flows/judge.py``) that ``tests/flows/differences.toml`` does not list. The flows of an upstream run once per
 pytest session, in launches shared by its tests (``tests/launched.py``); ``make flows`` writes the same table as a
-report. A flow's release column is reused from ``build/flows-cache/`` when what it runs is unchanged
-(``scripts/flows/cache.py``; ``FLOWS_CACHE=0`` runs it), which each test records as its ``flow_release_reused``
-property; the session's summary counts them.
+report. A flow's columns are reused from ``build/flows-cache/`` when what they run is unchanged
+(``scripts/flows/cache.py``; ``FLOWS_CACHE=0`` runs them), which each test records as its ``flow_release_reused``
+and ``flow_series_reused`` properties; the session's summary counts them.
 """
 
 import json
@@ -47,6 +47,7 @@ def _params(name):
 
 def _check(row, record_property):
     record_property("flow_release_reused", row["release_reused"])
+    record_property("flow_series_reused", row["series_reused"])
     words = report._factors(row["factors"])
     assert row["verdict"] != "regression" or row["listed"], (
         f"{row['id']} ({words}) is handled worse by the code under test than by the release: release "

@@ -4,17 +4,17 @@ release and on the code under test beside the uninterrupted model, and judged as
 One test per stored history. It fails when the history is a regression (``scripts/histories/judge.py``: a step the
 code under test handles worse than the release, or an invariant it breaks where the release keeps it) and its entry
 in ``tests/histories/<upstream>.json`` has no ``status``. The histories run once per pytest session, on job servers
-they share (``tests/launched.py``); a history's release side is answered from ``build/flows-cache/`` when what it
-runs is unchanged (``scripts/histories/cache.py``; ``FLOWS_CACHE=0`` runs it), which each test records as its
-``history_release_reused`` property.
+they share (``tests/launched.py``); a history's side is answered from ``build/flows-cache/`` when what it runs is
+unchanged (``scripts/histories/cache.py``; ``FLOWS_CACHE=0`` runs it), which each test records as its
+``history_release_reused`` and ``history_series_reused`` properties.
 """
 
 import json
 
 import pytest
 
-from scripts.flows.cache import CACHE, reuse_on
-from scripts.flows.run import release_version
+from scripts.flows.cache import CACHE, reuse_on, series_code
+from scripts.flows.run import release_version, series_package
 from scripts.histories import cache, judge, stored
 from scripts.histories.servers import for_sides
 from scripts.sources import KIT_ROOT
@@ -30,12 +30,13 @@ def _records(tmp_path_factory, name):
         shared = cache.release_inputs(KIT_ROOT / "upstream" / name, release_version(name), name)
         try:
             servers = for_sides(name, out_dir)
-            records, reused = cache.replay_stored(servers, out_dir, STORED[name], shared, CACHE, reuse_on())
+            records, reused = cache.replay_stored(servers, out_dir, STORED[name], shared,
+                                                  series_code(series_package(name)), CACHE, reuse_on())
         finally:
             for group in servers.values():
                 group.close()
         (out_dir / "records.json").write_text(json.dumps({"records": records, "reused": reused}))
-        return {"histories": len(records), "release_reused": len(reused)}
+        return {"histories": len(records), **{f"{side}_reused": len(ids) for side, ids in reused.items()}}
 
     out_dir = launch_once(tmp_path_factory, f"histories-{name}", run)
     return json.loads((out_dir / "records.json").read_text())
@@ -57,7 +58,8 @@ def _params(name):
 
 
 def _check(records, entry, record_property):
-    record_property("history_release_reused", records["reused"].get(entry["id"], ""))
+    for side in ("release", "series"):
+        record_property(f"history_{side}_reused", records["reused"][side].get(entry["id"], ""))
     found = judge.findings(records["records"][entry["id"]])
     listed = set(entry.get("signatures", [])) if entry.get("status") else set()
     new = [f for f in found if f["signature"] not in listed]

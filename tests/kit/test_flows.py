@@ -196,7 +196,8 @@ def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_
     """Flows on one process: a "series" that drops every loaded dataloader state (the release's tree with
     ``DataLoaderShard.load_state_dict`` replaced) makes the release's exact resumes regressions; the release in the
     series' place makes none. The second run reuses the release columns the first stored (``cache.py``), and judges
-    them as the first did; with an input of their key changed, a third runs them again."""
+    them as the first did; the same series again reuses its columns too, a one-line edit to its package runs them
+    again (and reuses the release's); with an input of every key changed, each column runs again."""
     monkeypatch.setattr(cache, "CACHE", tmp_path / "flows-cache")
     one = {"saver": "torch-save", "loader": "shard", "processes": "1-1", "when": "mid-epoch", "epoch": "0",
            "workers": "0", "seeding": "one-seed", "training": "no-rng", "probe": "none", "versions": "series"}
@@ -223,20 +224,32 @@ def test_the_oracle_finds_a_broken_series_and_nothing_in_the_release_itself(tmp_
     assert all(row["release_reused"] for row in rows["release"]), json.dumps(rows["release"], indent=1)
     assert [(row["release"], row["release_detail"]) for row in rows["release"]] == [
         (row["release"], row["release_detail"]) for row in rows["broken"]]
-    monkeypatch.setattr(run, "TASK_TIMEOUT", run.TASK_TIMEOUT + 1)  # an input of the key: the columns run again
-    again = table.judged("accelerate", flows, tmp_path / "again", say=lambda line: None)
-    assert not any(row["release_reused"] for row in again) and again[0]["release"] == rows["release"][0]["release"]
+    assert not any(row["series_reused"] for label in rows for row in rows[label])
+
+    def judged_again(label):
+        again = table.judged("accelerate", flows, tmp_path / label, say=lambda line: None)
+        assert [(r["release"], r["series"], r["verdict"]) for r in again] == [
+            (r["release"], r["series"], r["verdict"]) for r in rows["release"]]
+        return [(bool(r["release_reused"]), bool(r["series_reused"])) for r in again]
+
+    assert judged_again("same") == [(True, True)] * 3
+    state = release / "accelerate" / "state.py"  # the series' package (PYTHONPATH), not the release column's tree
+    state.write_text(state.read_text() + "# a one-line edit\n")
+    assert judged_again("edited") == [(True, False)] * 3
+    monkeypatch.setattr(run, "TASK_TIMEOUT", run.TASK_TIMEOUT + 1)  # an input of every key: the columns run again
+    assert judged_again("again") == [(False, False)] * 3
 
 
 def test_the_bench_judges_the_flow_tables_cost_on_make_tests_cpu():
     from scripts.bench import targets
 
     runs = {"without": {"seconds": 100.0, "cpu_s": 200.0}, "cold": {"seconds": 190.0, "cpu_s": 380.0},
-            "edit": {"seconds": 150.0, "cpu_s": 300.0}}
-    row = targets.flows_targets({"test": [runs]})[0]
-    assert (row["verdict"], row["measured"]) == ("not met", "1.50 [1.50-1.50]x")
-    runs["edit"]["cpu_s"] = 240.0
-    assert targets.flows_targets({"test": [runs]})[0]["verdict"] == "met"
+            "edit accelerate": {"seconds": 150.0, "cpu_s": 300.0}, "edit deepspeed": {"seconds": 120, "cpu_s": 240}}
+    rows = targets.flows_targets({"test": [runs]})
+    assert [(r["goal"].split(" to ")[1].split("'")[0], r["verdict"], r["measured"]) for r in rows] == [
+        ("accelerate", "not met", "1.50 [1.50-1.50]x"), ("deepspeed", "met", "1.20 [1.20-1.20]x")]
+    runs["edit accelerate"]["cpu_s"] = 240.0
+    assert [r["verdict"] for r in targets.flows_targets({"test": [runs]})] == ["met", "met"]
 
 
 def test_a_release_columns_key_changes_with_each_of_its_inputs_and_with_nothing_else(tmp_path, monkeypatch):

@@ -84,11 +84,12 @@ def test_the_report_leads_with_the_upstream_the_release_the_issues_and_a_line_pe
     assert "#8406" in lines[2] and "cluster-files" in lines[2] and "2 commits" in lines[2]
     said = [line[2:] for line in lines if line.startswith("- ")][:6]
     assert said == doc()["lines"]
-    assert said[0] == ("all flows: 7 flows; release 0.19.8: exact 2, warned 0, wrong 4, refused 1, uneven 0, hang 0, "
-                       "crash 0; the stack: exact 2, warned 1, wrong 4, refused 0, uneven 0, hang 0, crash 0; "
+    assert said[0] == ("all flows: 7 flows; 0.19.8 alone: exact 2, refused 1, warned 0, wrong 4, uneven 0, hang 0, "
+                       "crash 0; the stack: exact 2, refused 0, warned 1, wrong 4, uneven 0, hang 0, crash 0; "
                        "regressions 3 (all listed as accepted or known), fixed 2")
     assert said[1].startswith("the stack saves and loads: 2 flows;")
     assert said[2].startswith("rollback (0.19.8 loads what the stack saved): 1 flows;")
+    assert "; the stack saving, 0.19.8 loading: exact" in said[2]
     assert "regressions 2 (all listed as accepted or known)" in said[4]
     assert said[5].startswith("the job's own fault")
     flows, own = text.split("## The job's own fault")[:2]

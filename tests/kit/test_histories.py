@@ -151,10 +151,11 @@ class NoServers:
         raise AssertionError(f"the {code} side was run, not answered from its recording")
 
 
-def test_a_stored_historys_release_side_is_recorded_once_then_answered_from_the_recording(tmp_path):
-    """Issue 52 (``scripts/histories/cache.py``): the first replay records the release side and stores it; the next,
-    with the same key, starts no release server and gives the same record and findings; another key, or reuse off,
-    runs it; a recording that does not match the steps is refused; a side the server process failed is not kept."""
+def test_a_stored_historys_sides_are_recorded_once_then_answered_from_the_recording(tmp_path):
+    """Issue 52 (``scripts/histories/cache.py``): the first replay records each side and stores it; the next, with
+    the same keys, starts no server and gives the same record and findings; another release key, or reuse off, runs
+    both sides; another series code runs the series side alone; a recording that does not match the steps is
+    refused; a side the server process failed is not kept."""
     steps = [{"op": "train", "args": {"loader": 0, "k": 3}}, {"op": "save", "args": {"folder": "a", "how": "every"}},
              {"op": "train", "args": {"loader": 0, "k": 1}},
              {"op": "save", "args": {"folder": "a", "how": "main-only"}}, {"op": "restart", "args": {"folder": "a"}},
@@ -162,19 +163,23 @@ def test_a_stored_historys_release_side_is_recorded_once_then_answered_from_the_
     entry = {"id": "h1", "config": {"processes": "2"}, "steps": steps}
     folder, shared = tmp_path / "cache", {"release": "x"}
 
-    def replay(release, reuse=True, inputs=shared):
-        return cache.replay_stored({"release": release, "series": FakeServers(faulty=True)}, tmp_path / "work",
-                                   [entry], inputs, folder, reuse)
+    def replay(release, series, reuse=True, inputs=shared, code="series code"):
+        return cache.replay_stored({"release": release, "series": series}, tmp_path / "work", [entry], inputs, code,
+                                   folder, reuse)
 
-    first, reused = replay(FakeServers(faulty=False))
-    assert reused == {} and len(list(folder.iterdir())) == 1
+    first, reused = replay(FakeServers(faulty=False), FakeServers(faulty=True))
+    assert reused == {"release": {}, "series": {}} and len(list(folder.iterdir())) == 2
     assert judge.findings(first["h1"]), "the planted fault is not found live"
-    again, reused = replay(NoServers())
-    assert set(reused) == {"h1"} and again == first
+    again, reused = replay(NoServers(), NoServers())
+    assert set(reused["release"]) == set(reused["series"]) == {"h1"} and again == first
     assert judge.findings(again["h1"]) == judge.findings(first["h1"])
     for kwargs in ({"reuse": False}, {"inputs": {"release": "y"}}):
-        with pytest.raises(AssertionError, match="was run"):
-            replay(NoServers(), **kwargs)
+        with pytest.raises(AssertionError, match="the release side was run"):
+            replay(NoServers(), FakeServers(faulty=True), **kwargs)
+        with pytest.raises(AssertionError, match="the series side was run"):
+            replay(FakeServers(faulty=False), NoServers(), **kwargs)
+    edited, reused = replay(NoServers(), FakeServers(faulty=True), code="edited series code")
+    assert set(reused["release"]) == {"h1"} and reused["series"] == {} and edited == first
     recorded = cache.Recorded([["reset", [{}]]])
     recorded.send("restart", {})
     with pytest.raises(KitError, match="has no 'restart' here"):

@@ -1,6 +1,8 @@
 """``scripts/servers.py``: a job server takes operations one at a time, its results come back per rank, and a server
 that hangs, dies or imports the wrong code is ended and said so; the next operation starts a new one."""
 
+from pathlib import Path
+
 import pytest
 
 from scripts import KitError, launch
@@ -29,10 +31,11 @@ serve(int(os.environ["RANK"]), {module!r}, handle)
 """
 
 
-def _server(tmp_path, nproc=2, module="/elsewhere/tiny/__init__.py", code="series"):
+def _server(tmp_path, nproc=2, module="/elsewhere/tiny/__init__.py", code="series", series="/elsewhere/tiny"):
     script = tmp_path / "job.py"
     script.write_text(JOB.format(kit=str(KIT_ROOT), module=module))
-    return Server(Store(30), script, "tiny-series", code, nproc, "", tmp_path / "logs", tmp_path / "release")
+    return Server(Store(30), script, "tiny-series", code, nproc, "", tmp_path / "logs", tmp_path / "release",
+                  Path(series))
 
 
 def test_a_server_answers_per_rank_and_a_hang_or_a_death_ends_it(tmp_path):
@@ -68,6 +71,11 @@ def test_a_server_that_does_not_start_or_imports_the_wrong_code_is_one_line(tmp_
     with pytest.raises(KitError, match="imported its upstream from /elsewhere/tiny"):
         release.send("echo", {})
     assert not release.running()
+    # a series server whose ranks import another package than the one whose digest keys its stored results
+    series = _server(tmp_path, nproc=1, series="/elsewhere/other")
+    with pytest.raises(KitError, match="tiny/__init__.py, not from /elsewhere/other"):
+        series.send("echo", {})
+    assert not series.running()
 
 
 def test_a_server_whose_rendezvous_port_was_taken_starts_again_on_another(tmp_path, monkeypatch):
