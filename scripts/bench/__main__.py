@@ -117,6 +117,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also make test without the flow table, cold and after a one-line edit to each "
                         "upstream's series, and make flows cold and after such edits (slow)")
     parser.add_argument("--flows-repeat", type=int, default=1, help="make test repetitions of --flows (default 1)")
+    parser.add_argument("--no-flows-tables", dest="flows_tables", action="store_false",
+                        help="--flows measures make test only, not make flows")
     parser.add_argument("--gate-repeat", type=int, default=GATE_REPEAT,
                         help=f"gate and floor repetitions (default {GATE_REPEAT})")
     parser.add_argument("--cold-apply", type=int, nargs="?", const=1, default=0, metavar="N",
