@@ -93,10 +93,10 @@ def flows_markdown(f: dict) -> list[str]:
     """The part's tables."""
     edits = [f"edit {name}" for name in UPSTREAMS]
     runs = ["cold", *(f"{how} {name}" for name in UPSTREAMS for how in ("edit", "without"))]
-    md = ["## The flow table's cost", "", "`make test`'s pytest command, whole with every column run (cold); and after "
-          "a one-line edit to one upstream's series, whole (edit: that upstream's series columns and the series sides "
-          "of its stored histories run, the rest reused) and without `tests/flows` (without, after another such "
-          "edit):", "",
+    md = ["## The flow table's cost", "", "`make test`'s pytest command, whole with every column run (cold); and "
+          "after a one-line edit to one upstream's series, whole (edit: that upstream's series columns and the "
+          "series sides of its stored histories run, the rest reused) and without `tests/flows` (without, after "
+          "another such edit):", "",
           "| repetition | " + " | ".join(f"{k}: wall / CPU s" for k in runs) + " | "
           + " | ".join(f"{k} / without {k[5:]}: wall, CPU" for k in edits) + " | exit |",
           "|---" * (2 + len(runs) + len(edits)) + "|"]
