@@ -154,8 +154,8 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     out.mkdir()
     stored = stored or cache.CACHE
     shared = cache.release_inputs(KIT / "upstream" / name, release_version(name), JOBS[name], TASK_TIMEOUT)
-    code = cache.series_code(package)
-    keys = {(flow["id"], column): cache.key(shared, flow, code if column == "series" else "")
+    digest = cache.series_code(package)
+    keys = {(flow["id"], column): cache.key(shared, flow, digest if column == "series" else "")
             for flow in flows for column in ("release", "series")}
     results, reused = defaultdict(dict), {}
     for column_key in keys if reuse else ():
