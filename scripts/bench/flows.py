@@ -76,7 +76,8 @@ def bench_flows(args: argparse.Namespace) -> dict:
         out = args.out / f"flows-{selection}"
         for label in ("cold", *(f"edit {name}" for name in UPSTREAMS)):
             print(f"bench: flows: make flows{' FULL=1' if extra else ''}, {label}", flush=True)
-            env = {} if label == "cold" else edited(label.removeprefix("edit "), args.out / "edited" / label[5:],
+            name = label.removeprefix("edit ")
+            env = {} if label == "cold" else edited(name, args.out / "edited" / name,
                                                     f"a one-line edit (make bench, make flows {selection})")
             tables[selection][label] = _timed(args, f"flows-{selection}-{label.replace(' ', '-')}", [
                 str(args.python), "-m", "scripts.flows", *extra, *(["--no-cache"] if label == "cold" else []),

@@ -137,9 +137,10 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
     when ``reuse`` and their key is there; every column run now is stored there when its records allow
     (``cache.py``).
 
-    A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made, a server
-    does not start or a series' record was written by another code than the one its key holds; OSError when ``work``
-    cannot be written (a column ``stored`` cannot keep is said through ``say``).
+    A rank that wrote no record of a task is None in its list. Raises KitError when a tree cannot be made, or a
+    server does not start or its ranks import the upstream from another folder than its column's (the release's
+    tree, or the series' package whose digest its key holds: ``scripts/servers.py``); OSError when ``work`` cannot
+    be written (a column ``stored`` cannot keep is said through ``say``).
     """
     work.mkdir(parents=True, exist_ok=True)
     series = os.environ.get("PYTHONPATH", "")
@@ -180,11 +181,9 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
             for key in set(servers) - set(groups):  # not needed in this phase: its memory back
                 servers[key].stop()
             _run_phase(name, phase, groups, out, server, parallel, say)
-            for (code, nproc), tasks in groups.items():
+            for (_, nproc), tasks in groups.items():
                 for task in tasks:
-                    found = records(out, task, nproc)
-                    _check_code(name, {"release": release, "series": package}[code], found, task, code)
-                    results[(task["flow"], task["column"])][task["part"]] = found
+                    results[(task["flow"], task["column"])][task["part"]] = records(out, task, nproc)
     finally:
         for each in servers.values():
             each.stop()
@@ -196,18 +195,6 @@ def run(name: str, flows: list[dict], work: Path, parallel: int = 2, say=print, 
             except OSError as e:  # the table stands; the next run runs the column again
                 say(f"flows: {name}: the {column_key[1]} column of {column_key[0]} is not kept in {stored}: {e}")
     return dict(results), reused
-
-
-def _check_code(name: str, folder: Path, found: list[dict | None], task: dict, code: str) -> None:
-    """Raise KitError when a record of ``task`` was written by another code than its launch's, ``code`` (``release``
-    or ``series``), whose package is under ``folder`` (its ``module``: the upstream's ``__init__.py`` it imported;
-    the series' key holds the digest of that folder)."""
-    for record in found:
-        module = (record or {}).get("module")
-        if module and not Path(module).resolve().is_relative_to(folder.resolve()):
-            raise KitError(f"flows: {task['flow']} ({task['column']}, {task['part']}) ran {name} from {module}, not "
-                           f"the {code}'s code in {folder}: check PYTHONPATH and the editable install of "
-                           f"upstream/{name}")
 
 
 def _run_phase(name, phase, groups, out, server, parallel, say):
