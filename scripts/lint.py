@@ -3,7 +3,8 @@
 Per upstream (``[<name>.lint]`` of upstream/sources.toml): every ``commands`` entry is run from inside the
 checkout (series applied) on the ``.py`` files the series adds or changes, with the program taken from the
 tool environment ``--tools`` (``.tools/bin``, made by ``make tools`` from requirements/tools.txt); each such
-file must start with the ``header`` regex and have no line that a ``forbidden`` rule's pattern matches. Per patch:
+file must start with the ``header`` regex and have no line that a ``forbidden`` rule's pattern matches; in a stack of
+several commits, so must each commit below the top on its own (its pull request merges alone). Per patch:
 it applies to the base with whitespace errors fatal (``git apply --cached --whitespace=error`` into a temporary
 index), and its message has a subject of at most 72 characters, a body, a ``Fixes #N`` line and a
 ``Signed-off-by:`` trailer (DeepSpeed's DCO); all series are signed off by one identity. In a series of several
@@ -17,10 +18,11 @@ import argparse
 import re
 import subprocess
 import sys
+import tempfile
 from email.parser import BytesHeaderParser
 from pathlib import Path
 
-from scripts import KitError, plural, runlock, series, sources, stack
+from scripts import KitError, plural, runlock, series, sources, stack, worktree
 from scripts.git import git
 
 SUBJECT_MAX = 72
@@ -94,9 +96,9 @@ def whitespace_problems(repo: Path, base: str, patches: list[Path]) -> dict[Path
     return {failed[0]: failed[1].splitlines()[0].replace(f"{failed[0]}:", "line ")} if failed else {}
 
 
-def touched_python(repo: Path, base: str) -> list[str]:
-    """Return the ``.py`` files that ``base..HEAD`` adds or modifies (paths relative to ``repo``)."""
-    out = git(repo, "diff", "--name-only", "--diff-filter=AM", base, "HEAD", "--", "*.py").stdout
+def touched_python(repo: Path, base: str, commit: str = "HEAD") -> list[str]:
+    """Return the ``.py`` files that ``base..commit`` adds or modifies (paths relative to ``repo``)."""
+    out = git(repo, "diff", "--name-only", "--diff-filter=AM", base, commit, "--", "*.py").stdout
     return sorted(out.split())
 
 
@@ -133,19 +135,44 @@ def lint_upstream(pin: sources.Pin, table: dict, repo: Path, patch_dir: Path, to
                 for m in message_problems(p, keys.get(p, ""))]
     problems += [f"{p.relative_to(patch_dir.parent.parent)}: {m}"
                  for p, m in whitespace_problems(repo, base, patches).items()]
-    files = touched_python(repo, base)
     lint = table.get("lint", {})
+    problems += tree_problems(pin.name, lint, repo, touched_python(repo, base), tools)
+    if len(patches) > 1:  # the pull requests merge one at a time: each commit below HEAD passes the checks alone
+        problems += commit_problems(pin.name, lint, repo, base, patches, tools)
+    return problems
+
+
+def tree_problems(name: str, lint: dict, tree: Path, files: list[str], tools: Path) -> list[str]:
+    """The problems of ``files`` (relative to ``tree``) by ``lint`` (``[<name>.lint]``): the license ``header``, the
+    ``forbidden`` rules, and each of the ``commands`` run from inside ``tree`` with its program from ``tools/bin``.
+    Raises KitError when a program is missing."""
     header = re.compile(lint.get("header", r"\A"))
-    problems += [f"{pin.name}/{f}: no license header" for f in files if not header.match((repo / f).read_text())]
-    problems += forbidden_problems(pin.name, repo, files, lint.get("forbidden", []))
+    problems = [f"{name}/{f}: no license header" for f in files if not header.match((tree / f).read_text())]
+    problems += forbidden_problems(name, tree, files, lint.get("forbidden", []))
     for command in lint.get("commands", []) if files else []:
         program = tools / "bin" / command[0]
         if not program.exists():
             raise KitError(f"{program} is missing: run `make tools` first")
-        result = subprocess.run([str(program), *command[1:], *files], cwd=repo, capture_output=True, text=True)
+        result = subprocess.run([str(program), *command[1:], *files], cwd=tree, capture_output=True, text=True)
         if result.returncode != 0:
             output = (result.stdout + result.stderr).strip()
-            problems.append(f"{pin.name}: `{' '.join(command)}` failed:\n{output}")
+            problems.append(f"{name}: `{' '.join(command)}` failed:\n{output}")
+    return problems
+
+
+def commit_problems(name: str, lint: dict, repo: Path, base: str, patches: list[Path], tools: Path) -> list[str]:
+    """``tree_problems`` of each commit of a stack but the last (HEAD, checked in the checkout itself), in a
+    throw-away tree of it (``scripts/worktree.py``), on the ``.py`` files ``base..<commit>`` adds or modifies; each
+    problem is prefixed with the commit's patch file name."""
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="lint-") as scratch:
+        tree = worktree.add(repo, Path(scratch) / name, base)
+        for number, patch in enumerate(patches[:-1], 1):
+            commit = f"HEAD~{len(patches) - number}"
+            git(tree, "checkout", "--quiet", "--detach", git(repo, "rev-parse", commit).stdout.strip(),
+                env=worktree.NO_HOOKS)
+            problems += [f"{patch.name}: {problem}"
+                         for problem in tree_problems(name, lint, tree, touched_python(repo, base, commit), tools)]
     return problems
 
 

@@ -81,13 +81,12 @@ def test_problem_lines_follow_their_summary_in_the_singular(kit, capsys):
                                     "  patches/tiny/0001-Set-VALUE-to-2.patch: no `Fixes #N` line"]
 
 
-def test_each_commit_of_a_stack_is_checked_against_its_key(kit, capsys):
-    """A stack of two: commit 1's key 1 needs `Fixes #1`, which it lacks; commit 2's slug key needs no `Fixes #N`."""
-    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() + LINT + (
-        '[tiny.gate]\n[[tiny.gate.commits]]\nkey = 1\n[[tiny.gate.commits]]\nkey = "more"\n'))
+def lint_stack(kit, capsys, keys: str, commits) -> tuple[int, str]:
+    """Declare a stack (``keys``: its [[tiny.gate.commits]] tables), commit each (content of tiny/__init__.py,
+    message) signed off, export, and lint; return (exit code, stdout)."""
+    (kit.root / "sources.toml").write_text((kit.root / "sources.toml").read_text() + LINT + "[tiny.gate]\n" + keys)
     assert kit.run("apply")[0] == 0
-    for content, message in (("# tiny\nVALUE = 2\n", "Set VALUE to 2\n\nIt was wrong.\n\nFixes #1"),
-                             ("# tiny\nVALUE = 2\nMORE = 3\n", "Add MORE\n\nA follow-up without an issue yet.")):
+    for content, message in commits:
         (kit.repo / "tiny" / "__init__.py").write_text(content)
         git(kit.repo, "-c", "user.name=A U Thor", "-c", "user.email=author@example.com", "commit", "--quiet", "--all",
             "--signoff", "--message", message)
@@ -95,9 +94,28 @@ def test_each_commit_of_a_stack_is_checked_against_its_key(kit, capsys):
     capsys.readouterr()
     argv = ["--only=tiny", f"--sources={kit.root / 'sources.toml'}", f"--checkouts={kit.root / 'upstream'}",
             f"--patches={kit.root / 'patches'}", f"--tools={KIT_ROOT / '.tools'}"]
-    assert lint.main(argv) == 0, capsys.readouterr().out
+    return lint.main(argv), capsys.readouterr().out
+
+
+def test_each_commit_of_a_stack_is_checked_against_its_key(kit, capsys):
+    """A stack of two: commit 1's key 1 needs `Fixes #1`, which it lacks; commit 2's slug key needs no `Fixes #N`."""
+    code, out = lint_stack(kit, capsys, '[[tiny.gate.commits]]\nkey = 1\n[[tiny.gate.commits]]\nkey = "more"\n',
+                           [("# tiny\nVALUE = 2\n", "Set VALUE to 2\n\nIt was wrong.\n\nFixes #1"),
+                            ("# tiny\nVALUE = 2\nMORE = 3\n", "Add MORE\n\nA follow-up without an issue yet.")])
+    assert code == 0, out
     assert lint.message_problems(sorted(kit.patches.glob("*.patch"))[1], "2") == [
         "no `Fixes #2` line (its key in [[<name>.gate.commits]])"]
+
+
+def test_each_commit_of_a_stack_passes_the_style_checks_alone(kit, capsys):
+    """The pull requests of a stack merge one at a time: a first commit mis-formatted and formatted by the second
+    fails, though the stack's top passes (a maintainer's review of the DeepSpeed stack found such a line)."""
+    code, out = lint_stack(kit, capsys, '[[tiny.gate.commits]]\nkey = "one"\n[[tiny.gate.commits]]\nkey = "two"\n',
+                           [("# tiny\nVALUE=[1,\n  2]\n", "Set VALUE\n\nIt was missing."),
+                            ("# tiny\nVALUE = [1, 2]\n", "Format VALUE\n\nIt was not formatted.")])
+    assert code == 1
+    assert [line for line in out.splitlines() if "failed" in line] == [
+        "  0001-Set-VALUE.patch: tiny: `ruff format --check` failed:"], out
 
 
 def test_series_signed_off_by_two_identities_is_a_problem(tmp_path):
