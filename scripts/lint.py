@@ -23,7 +23,7 @@ from email.parser import BytesHeaderParser
 from pathlib import Path
 
 from scripts import KitError, plural, runlock, series, sources, stack, worktree
-from scripts.git import git
+from scripts.git import git, rev
 
 SUBJECT_MAX = 72
 # The identity the kit's own series is signed with; whoever opens the pull request re-signs it as themselves.
@@ -169,8 +169,7 @@ def commit_problems(name: str, lint: dict, repo: Path, base: str, patches: list[
         tree = worktree.add(repo, Path(scratch) / name, base)
         for number, patch in enumerate(patches[:-1], 1):
             commit = f"HEAD~{len(patches) - number}"
-            git(tree, "checkout", "--quiet", "--detach", git(repo, "rev-parse", commit).stdout.strip(),
-                env=worktree.NO_HOOKS)
+            git(tree, "checkout", "--quiet", "--detach", rev(repo, commit), env=worktree.NO_HOOKS)
             problems += [f"{patch.name}: {problem}"
                          for problem in tree_problems(name, lint, tree, touched_python(repo, base, commit), tools)]
     return problems
