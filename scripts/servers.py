@@ -10,9 +10,13 @@ per server, not per history or phase.
 
 An operation not done within its timeout, or a server that dies, ends the server (its whole process tree killed,
 ``scripts/launch.py``); the results say ``hang`` or ``crash`` (marked ``server``: this process wrote them, not the
-job), and the next operation starts a new server.
+job), and the next operation starts a new server. A server of several ranks whose rank ended (a task that crashed
+ends its rank, ``tests/flows/tasks.py``) gets new ranks from its launcher, which keeps its imports
+(``scripts/ranks.py``, ``JOB_RESPAWN``): new processes, as a new server's are, without importing torch and the
+upstream again.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -57,21 +61,39 @@ class Server:
         self.folder = release if code == "release" else series
         self.proc, self.generation, self.n, self.log, self.waiting = None, 0, 0, None, False
         self.outstanding = False  # an operation sent and not received: the server is busy with it
+        self.status, self.ended = -1, None  # the launcher's word that the ranks ended (JOB_RESPAWN), and their status
 
     @property
     def prefix(self) -> str:
         return f"{self.name}-x{self.nproc}-{self.generation}"
 
     def running(self) -> bool:
-        """True while the server launched last has not ended."""
-        return self.proc is not None and self.proc.poll() is None
+        """True while the server launched last has not ended, nor its ranks."""
+        return self.proc is not None and self.proc.poll() is None and self._ranks_ended() is None
+
+    def _ranks_ended(self) -> int | None:
+        """The exit status of the ranks when their launcher said they ended and it waits to start them again, else
+        None."""
+        if self.ended is None and self.status >= 0:
+            with contextlib.suppress(BlockingIOError):
+                said = os.read(self.status, 64).decode().split()
+                self.ended = int(said[1]) if said[:1] == ["ended"] else None
+        return self.ended
 
     def launch(self) -> None:
-        """Launch the server (a new one, after one that ended), without waiting for it: ``send`` waits. Servers
-        launched together start side by side."""
-        self.stop()
+        """Launch the server (a new one, after one that ended; new ranks from its launcher, after ranks that ended),
+        without waiting for it: ``send`` waits. Servers launched together start side by side."""
         self.generation += 1
         self.n = 0
+        if self.proc is not None and self.proc.poll() is None and self._ranks_ended() is not None:
+            self.ended, self.waiting = None, True
+            try:
+                self.proc.stdin.write(f"respawn {self.prefix}\n".encode())
+                self.proc.stdin.flush()
+                return
+            except OSError:  # the launcher ended meanwhile: a new one
+                pass
+        self.stop()
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
         env.update(OMP_NUM_THREADS="1", PYTHONPATH=self.pythonpath, DS_ACCELERATOR="cpu",
                    JOB_STORE=f"127.0.0.1:{self.store.port}", JOB_PREFIX=self.prefix,
@@ -80,14 +102,22 @@ class Server:
         if self.nproc == 1:
             env.update(ranks.rank_env(0, 1, ranks.free_port()))
             command = [sys.executable, script]
-        else:  # the ranks without torch.distributed.run's agent (scripts/ranks.py)
+        else:  # the ranks without torch.distributed.run's agent (scripts/ranks.py), started again by it
             command = [sys.executable, ranks.__file__, str(self.nproc), script]
+            self.status, said = os.pipe()
+            os.set_blocking(self.status, False)
+            env["JOB_RESPAWN"] = str(said)
         self.logs.mkdir(parents=True, exist_ok=True)
         self.log = self.logs / f"{self.prefix}.log"
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=launch.site_env(env), cwd=self.logs, start_new_session=True,
-                                         preexec_fn=launch.die_with_parent)
+        try:
+            with open(self.log, "wb") as out:
+                self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                             env=launch.site_env(env), cwd=self.logs, start_new_session=True,
+                                             preexec_fn=launch.die_with_parent,
+                                             pass_fds=(said,) if self.nproc > 1 else ())
+        finally:
+            if self.nproc > 1:
+                os.close(said)
         self.waiting = True
 
     def _started(self) -> None:
@@ -100,7 +130,7 @@ class Server:
             if self._wait(keys, START_TIMEOUT):
                 break
             tail = self.tail()
-            if attempt < 2 and self.proc.poll() is not None and "EADDRINUSE" in tail:
+            if attempt < 2 and not self.running() and "EADDRINUSE" in tail:
                 # Its rendezvous port was free when chosen (ranks.free_port) and taken by another process before the
                 # server bound it: a new server, on another port
                 self.launch()
@@ -126,7 +156,7 @@ class Server:
         while True:
             if all(self.store.store.check([key]) for key in keys):
                 return True
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if not self.running() or time.monotonic() > deadline:
                 return False
             time.sleep(pause)
             pause = min(2 * pause, 0.05)  # a quick step is seen at once, a plan of minutes costs few looks
@@ -152,13 +182,13 @@ class Server:
         for key in keys:
             if self.store.store.check([key]):
                 results.append(json.loads(self.store.store.get(key)))
-            elif self.proc.poll() is None:
+            elif self.running():
                 results.append({"hang": f"no result after {timeout:.0f} s", "server": True})
             else:
-                results.append({"crash": f"the server exited {self.proc.returncode}: {self.tail(600)}",
-                                "server": True})
+                status = self.proc.returncode if self.ended is None else self.ended
+                results.append({"crash": f"the server exited {status}: {self.tail(600)}", "server": True})
         self.n += 1
-        if not done:
+        if not done and self.ended is None:  # ranks that ended are started again by the next launch()
             self.stop(busy=True)
         return results
 
@@ -167,11 +197,17 @@ class Server:
         does), a ``busy`` one (an operation it did not finish, or one sent and not received) is killed at once."""
         if self.proc is not None:
             if self.proc.poll() is None and not (busy or self.outstanding):
-                self.store.store.set(f"{self.prefix}/op/{self.n}", json.dumps({"op": "quit"}))
+                if self._ranks_ended() is None:
+                    self.store.store.set(f"{self.prefix}/op/{self.n}", json.dumps({"op": "quit"}))
+                self.proc.stdin.close()  # a launcher waiting to start its ranks again exits
                 try:
                     self.proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     pass
             launch.kill_tree(self.proc)
             self.proc.wait()
-            self.proc, self.outstanding = None, False
+            self.proc.stdin.close()
+            self.proc, self.outstanding, self.ended = None, False, None
+        if self.status >= 0:
+            os.close(self.status)
+            self.status = -1

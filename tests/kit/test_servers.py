@@ -1,6 +1,7 @@
 """``scripts/servers.py``: a job server takes operations one at a time, its results come back per rank, and a server
 that hangs, dies or imports the wrong code is ended and said so; the next operation starts a new one."""
 
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,10 @@ def handle(op, args):
         time.sleep(600)
     if op == "exit":
         os._exit(5)
+    if op == "exit-rank-1":  # as a task that raised on one rank: its peer waits in a collective that never ends
+        if os.environ["RANK"] == "1":
+            os._exit(3)
+        time.sleep(600)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return {{"rank": rank, "world": world, "echo": args, "pid": os.getpid()}}
 
@@ -31,11 +36,12 @@ serve(int(os.environ["RANK"]), {module!r}, handle)
 """
 
 
-def _server(tmp_path, nproc=2, module="/elsewhere/tiny/__init__.py", code="series", series="/elsewhere/tiny"):
+def _server(tmp_path, nproc=2, module="/elsewhere/tiny/__init__.py", code="series", series="/elsewhere/tiny",
+            preload=()):
     script = tmp_path / "job.py"
     script.write_text(JOB.format(kit=str(KIT_ROOT), module=module))
     return Server(Store(30), script, "tiny-series", code, nproc, "", tmp_path / "logs", tmp_path / "release",
-                  Path(series))
+                  Path(series), preload)
 
 
 def test_a_server_answers_per_rank_and_a_hang_or_a_death_ends_it(tmp_path):
@@ -84,3 +90,29 @@ def test_a_server_whose_rendezvous_port_was_taken_starts_again_on_another(tmp_pa
     server.send("echo", {"x": 1})
     assert [r["echo"] for r in server.receive(30)] == [{"x": 1}] and server.generation == 2
     server.stop()
+
+
+def test_ranks_that_ended_are_started_again_by_their_launcher_and_nothing_is_left(tmp_path):
+    server = _server(tmp_path, preload=("colorsys",))  # the ranks fork from a launcher that imported it
+    try:
+        server.send("echo", {"n": 1})
+        first = server.receive(60)
+        launcher = server.proc.pid
+        server.send("exit-rank-1", {})
+        ended = server.receive(60)
+        assert all("crash" in r and r["server"] and "exited 3" in r["crash"] for r in ended)
+        assert not server.running() and not any(launch.running(r["pid"]) for r in first)
+        server.send("echo", {"n": 2})  # new ranks of the same launcher: no import paid again
+        again = server.receive(60)
+        assert [(r["rank"], r["world"], r["echo"]) for r in again] == [(0, 2, {"n": 2}), (1, 2, {"n": 2})]
+        assert server.proc.pid == launcher and server.generation == 2
+        assert not {r["pid"] for r in again} & {r["pid"] for r in first}
+        assert set(launch.descendants(launcher)) == {r["pid"] for r in again}
+        server.send("exit-rank-1", {})
+        server.receive(60)
+        started = time.monotonic()
+        server.stop()  # a launcher that waits to start its ranks again is told to end, not waited for
+        assert time.monotonic() - started < 10 and not launch.running(launcher)
+        assert not any(launch.running(r["pid"]) for r in again)
+    finally:
+        server.stop()
