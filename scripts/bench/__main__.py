@@ -116,7 +116,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--flows", action="store_true",
                         help="also make test without the flow table, cold and after a one-line edit to each "
                         "upstream's series, and make flows cold and after such edits (slow)")
-    parser.add_argument("--flows-repeat", type=int, default=1, help="make test repetitions of --flows (default 1)")
+    parser.add_argument("--flows-repeat", type=int, default=1,
+                        help="make test repetitions of --flows (default 1; 0: make flows only)")
     parser.add_argument("--no-flows-tables", dest="flows_tables", action="store_false",
                         help="--flows measures make test only, not make flows")
     parser.add_argument("--gate-repeat", type=int, default=GATE_REPEAT,

@@ -114,9 +114,9 @@ def gate_targets(gate: dict) -> list[dict]:
 
 def flows_targets(flows: dict) -> list[dict]:
     """The targets of a ``flows.bench_flows`` result, one per upstream: ``make test``'s CPU after a one-line edit to
-    that upstream's series / the same without the flow table, per repetition."""
+    that upstream's series / the same without the flow table, per repetition (none without repetitions)."""
     rows = []
-    for edit in sorted(k for k in flows["test"][0] if k.startswith("edit ")):
+    for edit in sorted(k for k in (flows["test"] or [{}])[0] if k.startswith("edit ")):
         values = [r[edit]["cpu_s"] / r[f"without {edit.removeprefix('edit ')}"]["cpu_s"] for r in flows["test"]]
         rows.append(row(f"make test's CPU time after an edit to {edit.removeprefix('edit ')}'s series at most "
                         f"{FLOWS_COST:g}x without the flow table", f"{spread(values, 2)}x",

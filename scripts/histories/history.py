@@ -78,8 +78,10 @@ class History:
             args = {**args, "saved_how": self.saved_how[args["folder"]]}
         if op == "keep_last":
             args = {**args, "folders": self.saves[:-args["k"]]}
-        if op == "restart" and self.record["steps"]:  # the model goes back to the checkpoint (or the start)
-            self.timeline = list(self.saved[args["folder"]]) if args.get("folder") else []
+        if op == "restart" and self.record["steps"]:  # the model goes back to the checkpoint (or the start: a
+            # restart that loads no data state, as DeepSpeed's load_module_only)
+            self.timeline = list(self.saved[args["folder"]]) if args.get("folder") and not args.get(
+                "module_only") else []
             self._all("replay", {"steps": self.timeline})
         failed = self.failed
         self.failed = {}

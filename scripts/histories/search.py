@@ -33,15 +33,18 @@ CONFIGS = {
     "accelerate": st.fixed_dictionaries({
         "processes": st.sampled_from(["1", "2"]),
         "loader": st.sampled_from(["shard", "dispatcher"]),
-        "workers": st.sampled_from(["2", "0"]),
+        "workers": st.sampled_from(["2", "0", "2-persistent"]),
         "seeding": st.sampled_from(["one-seed", "per-process"]),
         "data": st.lists(st.sampled_from(DATA), min_size=1, max_size=2),
     }),
-    "deepspeed": st.fixed_dictionaries({
-        "processes": st.sampled_from(["1", "2"]),
+    # two ranks are data-parallel, or an mpu of tensor-parallel size 2 whose rank 0 reads and broadcasts (``tensor``)
+    # or whose ranks each read their own loader (``tensor-each``): tests/flows/deepspeed_job.py
+    "deepspeed": st.sampled_from(["1", "2"]).flatmap(lambda processes: st.fixed_dictionaries({
+        "processes": st.just(processes),
+        "parallel": st.sampled_from(["data", "tensor", "tensor-each"] if processes == "2" else ["data"]),
         "workers": st.sampled_from(["0", "2"]),
         "clusters": st.sampled_from(["single", "schedule", "two-metrics", "shared-path"]),
-    }),
+    })),
 }
 STEPS = 14  # steps of a history at most (Hypothesis draws fewer, and shrinks)
 
@@ -67,13 +70,16 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
             ran.append(self.history.record)
 
         @precondition(lambda self: self.history.saves)
-        @rule(older=st.integers(0, 2), iterator_first=st.booleans())
-        def restart(self, older, iterator_first):
+        @rule(older=st.integers(0, 2), iterator_first=st.booleans(), module_only=st.booleans())
+        def restart(self, older, iterator_first, module_only):
             saves = self.history.saves
             args = {"folder": saves[max(len(saves) - 1 - older, 0)]}
-            # DeepSpeed: the training iterator built before the load, as RepeatingLoader and the pipeline engine do
-            self.history.step("restart", args | ({"iterator_first": True} if iterator_first and upstream ==
-                                                 "deepspeed" else {}))
+            if upstream == "deepspeed":  # the training iterator built before the load, as RepeatingLoader and the
+                # pipeline engine do; an engine's checkpoint loaded with load_module_only (the data begins again)
+                args |= {"iterator_first": True} if iterator_first else {}
+                args |= {"module_only": True} if module_only and self.history.saved_how[args["folder"]] == "engine" \
+                    else {}
+            self.history.step("restart", args)
 
         @invariant()
         def no_regression(self):

@@ -87,7 +87,8 @@ STEP_WORDS = {
     "keep_last": lambda a: f"delete all but the last {a['k']} saved folders",
     "break_loop": lambda a: "leave the training loop by break (the next steps iterate the loader again)",
     "restart": lambda a: (f"crash, restart, {'build the iterator, ' if a.get('iterator_first') else ''}load "
-                          f"{a['folder']}" if a.get("folder") else "crash, start afresh"),
+                          f"{a['folder']}{' with load_module_only' if a.get('module_only') else ''}"
+                          if a.get("folder") else "crash, start afresh"),
 }
 
 

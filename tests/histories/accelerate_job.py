@@ -106,11 +106,12 @@ class Job:
         self.iterators = [None] * len(self.loaders)
 
     def _loader(self, data):
-        workers = int(self.config["workers"])
+        workers = self.config["workers"]  # "2-persistent": persistent_workers=True
+        options = {"num_workers": int(workers[0]), "persistent_workers": workers.endswith("persistent")}
         if data == "own-random-batches":
-            return DataLoader(list(range(NUM_SAMPLES)), batch_sampler=OwnRandomBatches(), num_workers=workers)
+            return DataLoader(list(range(NUM_SAMPLES)), batch_sampler=OwnRandomBatches(), **options)
         dataset = (EpochTagged if data == "epoch-tagged" else Tagged)(data, self.level)
-        return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, num_workers=workers)
+        return DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, **options)
 
     def close(self):
         self.iterators = [None] * len(self.loaders)

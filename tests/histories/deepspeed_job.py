@@ -15,8 +15,13 @@ own ``data_cluster_path``. The job is the flow table's (``tests/flows/deepspeed_
 - ``break_loop``: the subject's training loop is left by ``break``; its next ``train`` iterates the loader again (with
   io workers the iterator left behind has fetched micro-batches ahead);
 - ``restart``: a new engine on the subject's ``data_cluster_path`` (``iterator_first``: the training iterator,
-  ``RepeatingLoader``, built before the load, as the pipeline engine does), then ``load_checkpoint(tag=folder)`` or
-  ``load_state_dict()`` of the file, with what it logged and raised.
+  ``RepeatingLoader``, built before the load, as the pipeline engine does), then ``load_checkpoint(tag=folder)``
+  (``module_only``: with ``load_module_only=True``, so the data begins again) or ``load_state_dict()`` of the file,
+  with what it logged and raised.
+
+The configuration's ``parallel`` (two ranks; ``data`` when absent): ``data``-parallel ranks, or an ``mpu`` of
+tensor-parallel size 2, each rank a data-parallel group of its own, with rank 0 reading and broadcasting each
+micro-batch (``tensor``) or each rank reading its own loader (``tensor-each``), as the flow table's job.
 """
 
 import logging
@@ -47,7 +52,8 @@ class Job:
 
     def __init__(self, config, rank, name):
         self.rank = rank
-        self.factors = {"clusters": config["clusters"], "workers": config["workers"]}  # data-parallel
+        self.factors = {"clusters": config["clusters"], "workers": config["workers"],
+                        "parallel": config.get("parallel", "data")}
         clusters = Path(rank.root) / ("clusters" if name == "subject" else "clusters-model")
         if name == "subject":  # the model reads what the job reads alone
             flows_job.other_experiment(self.factors, rank.root, clusters)
@@ -60,8 +66,8 @@ class Job:
         self.engine = self.loader = self.batches = None
 
     def data_step(self, op, args):
-        if self.batches is None:
-            self.batches = iter(self.loader)
+        if self.batches is None:  # None again on a tensor-parallel rank that reads no loader
+            self.batches = flows_job.batches_of(self.factors, self.loader)
         return {"batches": flows_job.train(self.factors, self.engine, self.batches, args["k"]), "ended": False}
 
 
@@ -90,16 +96,17 @@ class Rank(server.Rank):
         self.barrier()
         return {}
 
-    def restart(self, config, folder, how, iterator_first):
+    def restart(self, config, folder, how, iterator_first, module_only):
         job = self.fresh("subject", config)
         if folder is None:
             return {}
-        if iterator_first:
+        if iterator_first and not (job.factors["parallel"] == "tensor" and self.rank != 0):  # a rank that reads
             job.batches = RepeatingLoader(job.loader)
 
         def load():
             if how == "engine":
-                loaded, _ = job.engine.load_checkpoint(str(self.checkpoints()), tag=folder)
+                loaded, _ = job.engine.load_checkpoint(str(self.checkpoints()), tag=folder,
+                                                       load_module_only=bool(module_only))
                 if loaded is None:
                     raise FileNotFoundError(f"load_checkpoint() found no checkpoint {folder}")
             else:
@@ -110,7 +117,8 @@ class Rank(server.Rank):
 
     def other(self, op, args):
         if op == "restart":
-            return self.restart(args["config"], args.get("folder"), args.get("saved_how"), args.get("iterator_first"))
+            return self.restart(args["config"], args.get("folder"), args.get("saved_how"), args.get("iterator_first"),
+                                args.get("module_only"))
         if op == "keep_last":  # all but the last k saved folders deleted, as a job keeping its last k does
             if self.rank == 0:
                 for folder in args["folders"]:

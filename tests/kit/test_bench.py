@@ -169,3 +169,11 @@ def test_a_warm_gate_is_judged_against_the_cold_one(wall, cpu, verdict):
     [_, warm] = targets.gate_targets(gate)
     assert warm["goal"].startswith("a gate with nothing changed at most 0.15 of a cold one")
     assert warm["verdict"] == verdict
+
+
+def test_the_flow_tables_alone_have_no_make_test_target():
+    """``--flows-repeat 0`` measures ``make flows`` only: no ``make test`` ratio to judge, and no error."""
+    run = {"seconds": 1.0, "cpu_s": 1.0, "exit": 0}
+    assert targets.flows_targets({"test": [], "flows": {"pairwise": {"cold": run}}}) == []
+    edited = {"edit deepspeed": {**run, "cpu_s": 1.3}, "without deepspeed": run}
+    assert [r["verdict"] for r in targets.flows_targets({"test": [edited], "flows": {}})] == ["not met"]
