@@ -122,12 +122,18 @@ def run_scenarios(out_dir: str, names: Iterable[str], rank: int, call: Callable[
         os.replace(path + ".tmp", path)
         if "error" in result:
             print(f"rank {rank}: scenario {name!r} raised; ending the launch\n{result['error']}", file=sys.stderr)
-            sys.stderr.flush()
-            for pid in launch.descendants(os.getpid()):  # the forkserver and workers would outlive this rank
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            os._exit(ABORT_EXIT_CODE)
+            end_rank(ABORT_EXIT_CODE)
     stop_forkserver()
+
+
+def end_rank(code: int) -> None:
+    """End this rank now with exit status ``code``, the processes below it killed first (the forkserver and the
+    DataLoader workers would outlive it)."""
+    sys.stderr.flush()
+    for pid in launch.descendants(os.getpid()):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    os._exit(code)
 
 
 def stop_forkserver() -> None:
@@ -168,11 +174,14 @@ def said_while(call, warners: tuple[str, ...]) -> dict:
     return {"warnings": said, **({"error": error} if error else {})}
 
 
-def serve(rank: int, module: str, handle: Callable[[str, dict], dict]) -> None:
+def serve(rank: int, module: str, handle: Callable[[str, dict], dict],
+          ends_rank: Callable[[dict], bool] = lambda result: False) -> None:
     """Take the controller's operations until it says ``quit`` (``scripts/servers.py``: ``JOB_STORE`` = host:port,
     ``<JOB_PREFIX>/op/<n>`` in, ``<JOB_PREFIX>/res/<n>/<rank>`` out, JSON both ways); each result is
     ``handle(op, args)``. ``module``: the upstream's ``__init__.py`` as imported, which the controller checks against
-    the code the server is meant to run."""
+    the code the server is meant to run. A result for which ``ends_rank`` is true ends this rank once it is sent
+    (``end_rank``, ``ABORT_EXIT_CODE``): a peer may wait in a collective this rank will not join, and the server's
+    launcher starts new ranks (``scripts/ranks.py``)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -186,5 +195,8 @@ def serve(rank: int, module: str, handle: Callable[[str, dict], dict]) -> None:
         message = json.loads(store.get(f"{prefix}/op/{n}"))
         if message["op"] == "quit":
             return
-        store.set(f"{prefix}/res/{n}/{rank}", json.dumps(handle(message["op"], message.get("args", {}))))
+        result = handle(message["op"], message.get("args", {}))
+        store.set(f"{prefix}/res/{n}/{rank}", json.dumps(result))
+        if ends_rank(result):
+            end_rank(ABORT_EXIT_CODE)
         n += 1

@@ -2,7 +2,8 @@
 ``tests/histories/<upstream>_job.py`` on one code (the release's tree first on ``PYTHONPATH``, or the series as this
 Python imports it), kept alive across histories: the start-up (imports, rendezvous, the forkserver) is paid once per
 server, not per history. A step that takes longer than ``STEP_TIMEOUT``, or a server that dies, ends the server; the
-step's result says ``hang`` or ``crash``, and the next step starts a new server.
+step's result says ``hang`` or ``crash``, and the next step starts a new server. A step that raised on a rank with
+peers ends the server's ranks (``tests/histories/server.py``), and its launcher starts new ones for the next step.
 """
 
 import os

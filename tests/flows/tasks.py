@@ -8,19 +8,15 @@ peers (they may wait in a collective it will not join), and the runner (``script
 to a new server. A rank alone goes on with its next task after a crash.
 """
 
-import contextlib
 import gc
 import json
-import os
-import signal
 import sys
 import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts import launch
-from tests.rank_worker import serve
+from tests.rank_worker import end_rank, serve
 
 CRASH_EXIT_CODE, HANG_EXIT_CODE = 3, 4
 
@@ -36,10 +32,7 @@ def end(out: str, name: str, rank: int, result: dict, code: int) -> None:
     """Record ``result`` and end this rank now, its forkserver and DataLoader workers first (they would outlive it)."""
     record(out, name, rank, result)
     print(f"flows: rank {rank}: {name}: {next(iter(result))}", file=sys.stderr, flush=True)
-    for pid in launch.descendants(os.getpid()):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    os._exit(code)
+    end_rank(code)
 
 
 def run_plan(plan: dict, rank: int, world: int, run_task: Callable[[dict], dict],

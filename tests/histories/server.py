@@ -127,5 +127,8 @@ def measured(rank: Rank, op: str, args: dict, calls: dict) -> dict:
 def serve(rank: Rank, module: str, calls: dict) -> None:
     """Take the controller's steps until it says ``quit`` (``tests/rank_worker.py``'s ``serve``), each ``measured``;
     ``module``: the upstream's ``__init__.py`` as imported, which the controller checks."""
-    rank_worker.serve(rank.rank, module, lambda op, args: measured(rank, op, args, calls))
+    # a step that raised on a rank with peers ends it (they may wait in a collective it will not join): the side
+    # stops there, as it did when the step's timeout ended the server, and the next history gets new ranks at once
+    rank_worker.serve(rank.rank, module, lambda op, args: measured(rank, op, args, calls),
+                      ends_rank=lambda result: "crash" in result and rank.world > 1)
     rank.close()

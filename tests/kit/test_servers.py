@@ -20,9 +20,9 @@ def handle(op, args):
         time.sleep(600)
     if op == "exit":
         os._exit(5)
-    if op == "exit-rank-1":  # as a task that raised on one rank: its peer waits in a collective that never ends
+    if op == "crash-rank-1":  # as a step that raised on one rank: its peer waits in a collective that never ends
         if os.environ["RANK"] == "1":
-            os._exit(3)
+            return {{"crash": "raised"}}
         time.sleep(600)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return {{"rank": rank, "world": world, "echo": args, "pid": os.getpid()}}
@@ -32,7 +32,7 @@ if os.environ.get("JOB_START") == "fail":
 if os.environ.get("JOB_START") == "port-taken-once" and not os.path.exists("port-taken"):
     open("port-taken", "w").close()  # in the server's logs folder, its working directory
     sys.exit("DistNetworkError: ... code: -98, name: EADDRINUSE, message: address already in use")
-serve(int(os.environ["RANK"]), {module!r}, handle)
+serve(int(os.environ["RANK"]), {module!r}, handle, ends_rank=lambda result: "crash" in result)
 """
 
 
@@ -98,9 +98,9 @@ def test_ranks_that_ended_are_started_again_by_their_launcher_and_nothing_is_lef
         server.send("echo", {"n": 1})
         first = server.receive(60)
         launcher = server.proc.pid
-        server.send("exit-rank-1", {})
-        ended = server.receive(60)
-        assert all("crash" in r and r["server"] and "exited 3" in r["crash"] for r in ended)
+        server.send("crash-rank-1", {})
+        ended = server.receive(60)  # rank 1 sent its result, then ended; rank 0 was ended by the launcher
+        assert ended[1] == {"crash": "raised"} and ended[0]["server"] and "exited 3" in ended[0]["crash"]
         assert not server.running() and not any(launch.running(r["pid"]) for r in first)
         server.send("echo", {"n": 2})  # new ranks of the same launcher: no import paid again
         again = server.receive(60)
@@ -108,7 +108,7 @@ def test_ranks_that_ended_are_started_again_by_their_launcher_and_nothing_is_lef
         assert server.proc.pid == launcher and server.generation == 2
         assert not {r["pid"] for r in again} & {r["pid"] for r in first}
         assert set(launch.descendants(launcher)) == {r["pid"] for r in again}
-        server.send("exit-rank-1", {})
+        server.send("crash-rank-1", {})
         server.receive(60)
         started = time.monotonic()
         server.stop()  # a launcher that waits to start its ranks again is told to end, not waited for
