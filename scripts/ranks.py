@@ -136,7 +136,8 @@ def _start(world: int, script: str, args: list[str], fork: bool, procs: list, st
     for rank in range(world):
         env = rank_env(rank, world, port)
         if not fork:
-            procs.append(subprocess.Popen([sys.executable, script, *args], env={**os.environ, **env}))
+            procs.append(subprocess.Popen([sys.executable, script, *args], env={**os.environ, **env},
+                                          stdin=subprocess.DEVNULL))
             continue
         sys.stdout.flush()
         sys.stderr.flush()

@@ -59,7 +59,7 @@ class Server:
         self.preload = preload
         self.pythonpath, self.logs = pythonpath, logs
         self.folder = release if code == "release" else series
-        self.proc, self.generation, self.n, self.log, self.waiting = None, 0, 0, None, False
+        self.proc, self.generation, self.n, self.log, self.log_start, self.waiting = None, 0, 0, None, 0, False
         self.outstanding = False  # an operation sent and not received: the server is busy with it
         self.status, self.ended = -1, None  # the launcher's word that the ranks ended (JOB_RESPAWN), and their status
 
@@ -87,6 +87,7 @@ class Server:
         self.n = 0
         if self.proc is not None and self.proc.poll() is None and self._ranks_ended() is not None:
             self.ended, self.waiting = None, True
+            self.log_start = self.log.stat().st_size  # tail() says what the new ranks write
             try:
                 self.proc.stdin.write(f"respawn {self.prefix}\n".encode())
                 self.proc.stdin.flush()
@@ -108,13 +109,14 @@ class Server:
             os.set_blocking(self.status, False)
             env["JOB_RESPAWN"] = str(said)
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.log = self.logs / f"{self.prefix}.log"
+        self.log, self.log_start = self.logs / f"{self.prefix}.log", 0
         try:
             with open(self.log, "wb") as out:
-                self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                several = self.nproc > 1  # a launcher that starts its ranks again: its word in, its status out
+                self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.PIPE if several else subprocess.DEVNULL,
                                              env=launch.site_env(env), cwd=self.logs, start_new_session=True,
-                                             preexec_fn=launch.die_with_parent,
-                                             pass_fds=(said,) if self.nproc > 1 else ())
+                                             preexec_fn=launch.die_with_parent, pass_fds=(said,) if several else ())
         finally:
             if self.nproc > 1:
                 os.close(said)
@@ -147,7 +149,12 @@ class Server:
                                f"{self.folder}: check PYTHONPATH and the editable installs of upstream/")
 
     def tail(self, chars: int = 1500) -> str:
-        text = self.log.read_text(errors="replace").strip() if self.log and self.log.exists() else ""
+        """The end of what the server's ranks launched last wrote to its log."""
+        text = ""
+        if self.log and self.log.exists():
+            with open(self.log, "rb") as f:
+                f.seek(self.log_start)
+                text = f.read().decode(errors="replace").strip()
         return text[-chars:] or "(no output)"
 
     def _wait(self, keys: list[str], timeout: float) -> bool:
@@ -188,6 +195,14 @@ class Server:
                 status = self.proc.returncode if self.ended is None else self.ended
                 results.append({"crash": f"the server exited {status}: {self.tail(600)}", "server": True})
         self.n += 1
+        ending = [r.pop("ends_rank", False) for r in results]
+        if done and any(ending):
+            # a rank that sent its result and then ends (tests/rank_worker.py's ``ends_rank``): the next operation
+            # goes to new ranks, not to these
+            deadline = time.monotonic() + ranks.GRACE + 10
+            while self.running() and time.monotonic() < deadline:
+                time.sleep(ranks.POLL)
+            done = not self.running()
         if not done and self.ended is None:  # ranks that ended are started again by the next launch()
             self.stop(busy=True)
         return results
@@ -199,14 +214,18 @@ class Server:
             if self.proc.poll() is None and not (busy or self.outstanding):
                 if self._ranks_ended() is None:
                     self.store.store.set(f"{self.prefix}/op/{self.n}", json.dumps({"op": "quit"}))
-                self.proc.stdin.close()  # a launcher waiting to start its ranks again exits
+                if self.proc.stdin is not None:  # a launcher waiting to start its ranks again exits
+                    with contextlib.suppress(OSError):
+                        self.proc.stdin.close()
                 try:
                     self.proc.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     pass
             launch.kill_tree(self.proc)
             self.proc.wait()
-            self.proc.stdin.close()
+            if self.proc.stdin is not None:
+                with contextlib.suppress(OSError):  # a respawn line the launcher did not read: a broken pipe
+                    self.proc.stdin.close()
             self.proc, self.outstanding, self.ended = None, False, None
         if self.status >= 0:
             os.close(self.status)

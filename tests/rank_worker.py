@@ -179,9 +179,9 @@ def serve(rank: int, module: str, handle: Callable[[str, dict], dict],
     """Take the controller's operations until it says ``quit`` (``scripts/servers.py``: ``JOB_STORE`` = host:port,
     ``<JOB_PREFIX>/op/<n>`` in, ``<JOB_PREFIX>/res/<n>/<rank>`` out, JSON both ways); each result is
     ``handle(op, args)``. ``module``: the upstream's ``__init__.py`` as imported, which the controller checks against
-    the code the server is meant to run. A result for which ``ends_rank`` is true ends this rank once it is sent
-    (``end_rank``, ``ABORT_EXIT_CODE``): a peer may wait in a collective this rank will not join, and the server's
-    launcher starts new ranks (``scripts/ranks.py``)."""
+    the code the server is meant to run. A result for which ``ends_rank`` is true is sent marked ``ends_rank``, and
+    ends this rank (``end_rank``, ``ABORT_EXIT_CODE``): a peer may wait in a collective this rank will not join; the
+    controller waits for the ranks' end, and the server's launcher starts new ones (``scripts/ranks.py``)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -196,7 +196,8 @@ def serve(rank: int, module: str, handle: Callable[[str, dict], dict],
         if message["op"] == "quit":
             return
         result = handle(message["op"], message.get("args", {}))
-        store.set(f"{prefix}/res/{n}/{rank}", json.dumps(result))
-        if ends_rank(result):
+        ends = ends_rank(result)
+        store.set(f"{prefix}/res/{n}/{rank}", json.dumps(result | ({"ends_rank": True} if ends else {})))
+        if ends:
             end_rank(ABORT_EXIT_CODE)
         n += 1

@@ -24,6 +24,8 @@ def handle(op, args):
         if os.environ["RANK"] == "1":
             return {{"crash": "raised"}}
         time.sleep(600)
+    if op == "crash":  # raised on every rank: each sends its result, then ends
+        return {{"crash": "raised"}}
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     return {{"rank": rank, "world": world, "echo": args, "pid": os.getpid()}}
 
@@ -108,6 +110,10 @@ def test_ranks_that_ended_are_started_again_by_their_launcher_and_nothing_is_lef
         assert server.proc.pid == launcher and server.generation == 2
         assert not {r["pid"] for r in again} & {r["pid"] for r in first}
         assert set(launch.descendants(launcher)) == {r["pid"] for r in again}
+        server.send("crash", {})  # every rank sent a result before it ended: the next step is not sent to them
+        assert server.receive(60) == [{"crash": "raised"}] * 2
+        server.send("echo", {"n": 3})
+        assert [r["echo"] for r in server.receive(60)] == [{"n": 3}] * 2 and server.generation == 3
         server.send("crash-rank-1", {})
         server.receive(60)
         started = time.monotonic()
