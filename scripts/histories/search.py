@@ -39,12 +39,12 @@ CONFIGS = {
     }),
     # two ranks are data-parallel, or an mpu of tensor-parallel size 2 whose rank 0 reads and broadcasts (``tensor``)
     # or whose ranks each read their own loader (``tensor-each``): tests/flows/deepspeed_job.py
-    "deepspeed": st.sampled_from(["1", "2"]).flatmap(lambda processes: st.fixed_dictionaries({
-        "processes": st.just(processes),
-        "parallel": st.sampled_from(["data", "tensor", "tensor-each"] if processes == "2" else ["data"]),
+    "deepspeed": st.fixed_dictionaries({
+        "processes": st.sampled_from(["1", "2"]),
+        "parallel": st.sampled_from(["data", "tensor", "tensor-each"]),
         "workers": st.sampled_from(["0", "2"]),
         "clusters": st.sampled_from(["single", "schedule", "two-metrics", "shared-path"]),
-    })),
+    }).map(lambda config: config if config["processes"] == "2" else {**config, "parallel": "data"}),
 }
 STEPS = 14  # steps of a history at most (Hypothesis draws fewer, and shrinks)
 

@@ -128,7 +128,10 @@ def test_every_level_of_every_factor_has_words_and_the_glossary_gives_those_used
             missing = [n for n in names if n not in factors.FACTOR_WORDS[upstream].get(factor, {})]
             assert not missing, f"{upstream} {kind}: {factor} {missing} have no words in FACTOR_WORDS"
     for upstream, strategy in search.CONFIGS.items():  # the history search's configurations
-        for factor, inner in strategy.wrapped_strategy.mapping.items():
+        config = strategy.wrapped_strategy
+        config = getattr(config, "mapped_strategy", config)  # DeepSpeed's, mapped after it is drawn
+        config = getattr(config, "wrapped_strategy", config)
+        for factor, inner in config.mapping.items():
             values = getattr(inner, "elements", None) or inner.wrapped_strategy.element_strategy.elements
             missing = [v for v in values if v not in factors.FACTOR_WORDS[upstream].get(factor, {})]
             assert not missing, f"the history search's {upstream} {factor} {missing} have no words"
