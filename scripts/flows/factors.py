@@ -127,6 +127,10 @@ FACTOR_WORDS = {"accelerate": {
                 "that runs repeat)",
         "own-generator": "set_seed(1234) and DataLoader(generator=a seeded torch.Generator)",
     },
+    "naming": {"folders": "save_state(folder) into the folders the job names",
+               "automatic": "ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=2): save_state() "
+                            "names its folders (the iteration set by the job after a restart) and keeps the newest 2, "
+                            "load_state() finds the newest"},
     "training": {"no-rng": "a training step draws nothing from torch's RNG",
                  "dropout": "every step draws from torch's RNG"},
     "probe": {"none": "the restarted job loads at once",

@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", choices=UPSTREAMS, action="append", help="this upstream only")
     parser.add_argument("--no-store", action="store_true", help="do not add what it finds to tests/histories/")
     parser.add_argument("--ignore-stored", action="store_true",
-                        help="search as if nothing were stored: a kind of finding already stored stops it again")
+                        help="search as if nothing were stored: a kind of finding stored as known or accepted stops "
+                             "it again")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where the report goes (default {OUT})")
     parser.add_argument("--render", action="store_true",
                         help="run nothing: write report.md again from found.json in --out")
@@ -75,9 +76,8 @@ def main(argv: list[str]) -> int:
           f"make fuzz FUZZ_SEED={seed} FUZZ_SECONDS={args.seconds:.0f}", flush=True)
     report, regressions = {"seed": seed, "budget": args.seconds}, 0
     for upstream in upstreams:
-        known = set() if args.ignore_stored else {sig for entry in stored.load(upstream)
-                                                   for sig in entry.get("signatures", [])}
-        print(f"fuzz: {upstream}: {len(known)} kinds of finding already stored", flush=True)
+        known = set() if args.ignore_stored else stored.known(stored.load(upstream))
+        print(f"fuzz: {upstream}: {len(known)} kinds of finding stored as known or accepted", flush=True)
         started, cpu = time.monotonic(), time.process_time()
         try:
             with launch.sigterm_as_interrupt():

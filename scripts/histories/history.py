@@ -1,8 +1,9 @@
 """Run one history: its steps on the release and on the series, side by side, each beside its uninterrupted model.
 
 A history starts with a configuration (``processes`` and what the upstream's job script reads) and goes on with
-steps: data steps (``DATA_OPS``: what the uninterrupted job also takes), ``state_dict``, ``save``, ``keep_last``
-(all but the last k saved folders deleted), ``break_loop`` (the subject leaves its loop over the loader; the
+steps: data steps (``DATA_OPS``: what the uninterrupted job also takes), ``state_dict``, ``save`` (an ``automatic``
+one deletes the oldest automatic folders beyond ``TOTAL_LIMIT``), ``keep_last`` (all but the last k saved folders
+deleted), ``break_loop`` (the subject leaves its loop over the loader; the
 uninterrupted job reads on) and ``restart``.
 Each side is one server (``servers.py``) whose ranks hold the subject and the model job
 (``tests/histories/<upstream>_job.py``). This module keeps the model's *timeline*: the data steps of the
@@ -21,6 +22,11 @@ from pathlib import Path
 from scripts.histories.servers import SIDES, STEP_TIMEOUT, Servers
 
 DATA_OPS = ("train", "set_epoch", "raise_level")
+# Accelerate's automatic naming (the ``naming`` level ``automatic``): a save with ``how`` ``automatic`` is
+# ``save_state()`` into ``checkpoints/checkpoint_<n>`` with ``ProjectConfiguration(total_limit=TOTAL_LIMIT)``, which
+# deletes the oldest of those folders first (tests/histories/accelerate_job.py)
+AUTOMATIC = "checkpoints/"
+TOTAL_LIMIT = 2
 
 
 class History:
@@ -99,11 +105,17 @@ class History:
             self.saved[args["folder"]] = list(self.timeline)
             self.saved_how[args["folder"]] = args["how"]
             self.saves = [f for f in self.saves if f != args["folder"]] + [args["folder"]]
+            if args["how"] == "automatic":  # total_limit: the oldest automatic folders were deleted
+                self._forget([f for f in self.saves if f.startswith(AUTOMATIC)][:-TOTAL_LIMIT])
         elif op == "keep_last":  # the folders before the last k are deleted
-            for folder in self.saves[:-args["k"]]:
-                del self.saved[folder], self.saved_how[folder]
-            self.saves = self.saves[-args["k"]:]
+            self._forget(self.saves[:-args["k"]])
         return step
+
+    def _forget(self, folders: list[str]) -> None:
+        """Deleted folders: a restart no longer loads them."""
+        for folder in folders:
+            del self.saved[folder], self.saved_how[folder]
+        self.saves = [f for f in self.saves if f not in folders]
 
     def done(self) -> bool:
         """True when both sides have stopped (nothing more to compare)."""

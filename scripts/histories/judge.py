@@ -14,10 +14,12 @@ Pure functions of the record ``scripts/histories/history.py`` writes (no file, n
 - any step: ``hang`` or ``crash`` when a rank did not finish or raised.
 
 A history is a regression when, at some step, the series' outcome ranks worse than the release's (a stopped side
-keeps the outcome that stopped it), or when the series breaks an invariant the release keeps at that step:
+keeps the outcome that stopped it, up to the series' next restart: after it the series takes steps the release never
+came to, and nothing is compared), or when the series breaks an invariant the release keeps at that step:
 
 - ``effects``: a ``restart`` (prepare and load), ``state_dict()`` or save started DataLoader workers, or ran the
-  sampler's ``__iter__`` or the dataset's ``set_epoch``, more often than the release's did;
+  sampler's ``__iter__`` or the dataset's ``set_epoch``, more often than the release's did (where the release did
+  the step: a release that failed in it may have stopped before what it would have run);
 - ``stale files``: a save left files of an earlier save in its folder that the release's folder does not hold.
 """
 
@@ -82,20 +84,36 @@ def _stale(step: dict, side: str) -> set:
     return {name for result in step[side] or [] for name in result.get("stale", [])}
 
 
+def _loaded(record: dict, index: int) -> str | None:
+    """How the save that the last restart up to step ``index`` loaded was made (None: none loaded one)."""
+    for step in reversed(record["steps"][:index + 1]):
+        if step["op"] == "restart":
+            return step["args"].get("saved_how") if step["args"].get("folder") else None
+    return None
+
+
 def findings(record: dict) -> list[dict]:
     """What makes the history a regression: ``{"step", "kind", "signature", "detail"}`` per finding (``kind``:
-    ``outcome``, ``effects`` or ``stale files``; ``signature``: the kind and the step's operation, to tell one kind
-    of failure from another). [] when the series does at every step at least what the release does."""
+    ``outcome``, ``effects`` or ``stale files``; ``signature``: the kind and the step's operation, and for an outcome
+    how the save the last restart loaded was made, to tell one kind of failure from another). [] when the series
+    does at every step at least what the release does."""
     release, series = side_outcomes(record, "release"), side_outcomes(record, "series")
-    found = []
+    found, release_stopped = [], False
     for index, step in enumerate(record["steps"]):
         number = index + 1
         (r_out, r_detail), (s_out, s_detail) = release[index], series[index]
+        if release_stopped and step["op"] == "restart":  # the series goes on where the release never came
+            break
+        release_stopped = release_stopped or r_out in ("error", "hang", "crash")
         if RANK[s_out] > RANK[r_out]:
-            found.append({"step": number, "kind": "outcome", "signature": f"{s_out} at {step['op']}",
+            loaded = _loaded(record, index)
+            found.append({"step": number, "kind": "outcome",
+                          "signature": f"{s_out} at {step['op']}" + (f" (loaded: {loaded})" if loaded else ""),
                           "detail": f"the series is {s_out} ({s_detail}) where the release is {r_out}"
                                     + (f" ({r_detail})" if r_detail else "")})
-        if step["op"] in EFFECT_OPS and step["release"] is not None and step["series"] is not None:
+        # effects are compared with a release that did the step (one that failed there may have stopped before it)
+        if step["op"] in EFFECT_OPS and step["release"] is not None and step["series"] is not None and r_out not in (
+                "error", "hang", "crash"):
             r_eff, s_eff = _effects(step, "release"), _effects(step, "series")
             more = [f"{EFFECT_WORDS[k]} {s_eff[k]} (the release {r_eff.get(k, 0)})"
                     for k in EFFECT_WORDS if s_eff.get(k, 0) > r_eff.get(k, 0)]

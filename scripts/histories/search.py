@@ -26,7 +26,7 @@ from hypothesis.stateful import (
 )
 
 from scripts.histories import judge
-from scripts.histories.history import History
+from scripts.histories.history import AUTOMATIC, History
 
 DATA = ("shuffled", "epoch-tagged", "level-tagged", "own-random-batches")
 CONFIGS = {
@@ -36,12 +36,15 @@ CONFIGS = {
         "workers": st.sampled_from(["2", "0", "2-persistent"]),
         "seeding": st.sampled_from(["one-seed", "per-process"]),
         "data": st.lists(st.sampled_from(DATA), min_size=1, max_size=2),
+        # ``automatic``: ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=2), tests/histories/
+        "naming": st.sampled_from(["folders", "automatic"]),
     }),
     # two ranks are data-parallel, or an mpu of tensor-parallel size 2 whose rank 0 reads and broadcasts (``tensor``)
-    # or whose ranks each read their own loader (``tensor-each``): tests/flows/deepspeed_job.py
+    # or whose ranks each read their own loader (``tensor-each``), or the 2 stages of a pipeline (``pipeline``):
+    # tests/flows/deepspeed_job.py
     "deepspeed": st.fixed_dictionaries({
         "processes": st.sampled_from(["1", "2"]),
-        "parallel": st.sampled_from(["data", "tensor", "tensor-each"]),
+        "parallel": st.sampled_from(["data", "tensor", "tensor-each", "pipeline"]),
         "workers": st.sampled_from(["0", "2"]),
         "clusters": st.sampled_from(["single", "schedule", "two-metrics", "shared-path"]),
     }).map(lambda config: config if config["processes"] == "2" else {**config, "parallel": "data"}),
@@ -75,8 +78,9 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
             saves = self.history.saves
             args = {"folder": saves[max(len(saves) - 1 - older, 0)]}
             if upstream == "deepspeed":  # the training iterator built before the load, as RepeatingLoader and the
-                # pipeline engine do; an engine's checkpoint loaded with load_module_only (the data begins again)
-                args |= {"iterator_first": True} if iterator_first else {}
+                # pipeline engine do (a pipeline's always is); an engine's checkpoint loaded with load_module_only (the
+                # data begins again)
+                args |= {"iterator_first": True} if iterator_first and not self.pipeline() else {}
                 args |= {"module_only": True} if module_only and self.history.saved_how[args["folder"]] == "engine" \
                     else {}
             self.history.step("restart", args)
@@ -92,6 +96,9 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
     class AccelerateHistories(Histories):
         def _loader(self, index):
             return index % len(self.history.config["data"])
+
+        def _automatic(self):
+            return self.history.config.get("naming") == "automatic"
 
         @rule(loader=st.integers(0, 1), k=st.sampled_from([9, 2, 1, 3, 5]))
         def train(self, loader, k):
@@ -110,11 +117,21 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
         def state_dict(self, loader):
             self.history.step("state_dict", {"loader": self._loader(loader)})
 
-        @rule(how=st.sampled_from(["every", "main-only", "torch-save"]), folder=st.integers(0, 2))
+        @rule(how=st.sampled_from(["every", "main-only", "torch-save", "dcp"]), folder=st.integers(0, 2))
         def save(self, how, folder):
-            self.history.step("save", {"how": how, "folder": f"checkpoint_{folder}"})
+            if self._automatic() and how in ("every", "main-only"):  # save_state() names the folder:
+                # checkpoint_<iteration> under checkpoints/, the iteration counted over the history (a restarted job
+                # sets it, as Accelerate's error asks); with automatic naming save_state() waits for every process:
+                # none saves alone
+                n = sum(s["op"] == "save" and s["args"]["how"] == "automatic" for s in self.history.record["steps"])
+                self.history.step("save", {"how": "automatic", "folder": f"{AUTOMATIC}checkpoint_{n}"})
+            else:
+                self.history.step("save", {"how": how, "folder": f"checkpoint_{folder}"})
 
     class DeepSpeedHistories(Histories):
+        def pipeline(self):
+            return self.history.config.get("parallel") == "pipeline"
+
         @rule(k=st.integers(1, 3))
         def train(self, k):
             self.history.step("train", {"k": k})
@@ -125,6 +142,7 @@ def machine(upstream: str, servers: dict, root: Path, known: set, ran: list) -> 
             args = {"how": how, "folder": f"step_{folder}"}
             self.history.step("save", args | ({"shape": shape} if how == "sampler" else {}))
 
+        @precondition(lambda self: not self.pipeline())  # the pipeline engine reads its own: no loop of the user's
         @rule()
         def break_loop(self):
             self.history.step("break_loop", {})

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from scripts import KitError
+from scripts.histories.history import TOTAL_LIMIT
 from scripts.sources import KIT_ROOT
 
 STORE = KIT_ROOT / "tests" / "histories"
@@ -36,6 +37,12 @@ def load(upstream: str, store: Path = STORE) -> list[dict]:
         if entry.get("status") and not entry.get("reason"):
             raise KitError(f"{file}: entry {entry['id']} has a status but no reason")
     return entries
+
+
+def known(entries: list[dict]) -> set[str]:
+    """The kinds of finding (signatures) the search does not stop at: those of the entries with a status, which the
+    stack still shows. A kind only fixed entries hold is searched again: a history of that kind now is a new one."""
+    return {sig for entry in entries if entry.get("status") for sig in entry.get("signatures", [])}
 
 
 def history_id(upstream: str, config: dict, steps: list[dict]) -> str:
@@ -68,11 +75,15 @@ def add(upstream: str, entries: list[dict], store: Path = STORE) -> list[dict]:
 def _save_words(a: dict) -> str:
     if a["how"] in ("every", "main-only"):
         return f"save_state({a['folder']}) on " + ("every process" if a["how"] == "every" else "the main process only")
+    if a["how"] == "automatic":
+        return f"save_state() on every process, which names {a['folder']} and keeps the newest {TOTAL_LIMIT}"
+    if a["how"] == "dcp":
+        return f"torch.distributed.checkpoint save of every loader's state_dict() into {a['folder']}"
     if a["how"] == "torch-save":
         return f"torch.save of every loader's state_dict() into {a['folder']} on every process"
     if a["how"] == "engine":
         return f"save_checkpoint(tag={a['folder']})"
-    shape = {"native": "", "pr8406": " with 0.19.8's keys and #8406's generator state",
+    shape = {"native": "", "pr8406": " with the generator's state where #8406 writes it",
              "legacy": " as 0.19.8 writes it"}[a.get("shape", "native")]
     return f"torch.save of the sampler's state_dict() into {a['folder']}{shape}"
 

@@ -5,7 +5,8 @@ accelerate_job.py``; each with the environment torch.distributed.run would give 
 ``sys.path``, and served as ``tests/histories/server.py`` says: the subject and the uninterrupted model, each with its
 own random states. The data steps are ``train`` (read k batches of a loader), ``set_epoch`` and ``raise_level`` (the
 curriculum level registered with ``register_for_checkpointing``); the subject's own are ``state_dict``, ``save``
-(``save_state()`` by every process or by the main process alone, or ``torch.save`` of the loaders' states) and
+(``save_state()`` by every process or by the main process alone, into a folder or, with automatic naming, into the
+one it names; or ``torch.save`` or ``torch.distributed.checkpoint`` of the loaders' states) and
 ``restart`` (a new job, then ``load_state()``).
 The user code counted per step is the sampler's ``__iter__`` and the dataset's ``set_epoch`` in this process. This
 script records; ``scripts/histories/judge.py`` judges.
@@ -18,11 +19,13 @@ from pathlib import Path
 
 import accelerate
 import torch
+import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import set_seed
+from accelerate.utils import ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the kit's root
+from scripts.histories.history import AUTOMATIC, TOTAL_LIMIT  # noqa: E402
 from tests.histories import server  # noqa: E402
 from tests.rank_worker import said_while, stop_forkserver, use_forkserver  # noqa: E402
 
@@ -96,7 +99,10 @@ class Job:
     def __init__(self, config, rank, name):
         self.config, self.rank = config, rank.rank
         self.level = Level()
-        self.accelerator = Accelerator(cpu=True)
+        # ``naming`` ``automatic``: save_state() names its folders and keeps the newest TOTAL_LIMIT
+        project = ProjectConfiguration(project_dir=rank.root, automatic_checkpoint_naming=True,
+                                       total_limit=TOTAL_LIMIT) if config.get("naming") == "automatic" else None
+        self.accelerator = Accelerator(cpu=True, project_config=project)
         self.accelerator.dataloader_config = DataLoaderConfiguration(
             use_stateful_dataloader=True, dispatch_batches=config["loader"] == "dispatcher")
         seeding = config["seeding"]
@@ -145,6 +151,11 @@ class Job:
         return {}
 
 
+def loader_states(job):
+    """The ``state_dict()`` of each of ``job``'s loaders, as ``torch.distributed.checkpoint`` saves them."""
+    return {f"loader{i}": loader.state_dict() for i, loader in enumerate(job.loaders)}
+
+
 class Rank(server.Rank):
     """The Accelerate operations of this rank."""
 
@@ -152,8 +163,11 @@ class Rank(server.Rank):
 
     def save(self, job, how, folder):
         """Checkpoint ``job`` into ``folder``: ``every``: every process ``save_state()``s, ``main-only``: the main
-        process alone (as diffusers' scripts do), ``torch-save``: every process ``torch.save()``s its loaders'
-        ``state_dict()`` into a file of its own. Returns the files of the folder that an earlier save wrote."""
+        process alone (as diffusers' scripts do), ``automatic``: every process ``save_state()``s with no folder, its
+        iteration set to ``folder``'s number (a restarted job sets it, as Accelerate's message says), and
+        ``folder`` is where it saved, ``torch-save``: every process ``torch.save()``s its loaders' ``state_dict()``
+        into a file of its own, ``dcp``: ``torch.distributed.checkpoint`` saves them. Returns the files of the folder
+        that an earlier save wrote."""
         path = Path(self.folder(folder))
 
         def files():
@@ -165,6 +179,13 @@ class Rank(server.Rank):
         if how == "torch-save":
             path.mkdir(parents=True, exist_ok=True)
             torch.save([loader.state_dict() for loader in job.loaders], path / f"loaders_rank{self.rank}.pt")
+        elif how == "dcp":
+            dcp.save(loader_states(job), checkpoint_id=path)
+        elif how == "automatic":
+            job.accelerator.project_configuration.iteration = int(folder.rsplit("_", 1)[1])
+            saved = job.accelerator.save_state()
+            if Path(saved) != path:
+                raise AssertionError(f"save_state() saved into {saved}, not {path}")
         elif how == "every" or self.rank == 0:
             job.accelerator.save_state(str(path))
         self.barrier()
@@ -174,17 +195,28 @@ class Rank(server.Rank):
 
     def restart(self, config, folder, how):
         """Crash and restart the subject: a new job of the same configuration (seeded again, as a restarted script
-        is), then ``load_state(folder)``, or each loader's ``load_state_dict()`` of a ``torch-save`` (``torch.load``
-        weights-only), with what it logged and raised; ``folder`` None: a fresh start."""
+        is), then ``load_state(folder)`` (``load_state()`` when ``folder`` is the newest automatic one: Accelerate
+        finds it), or each loader's ``load_state_dict()`` of a ``torch-save`` (``torch.load``
+        weights-only) or of a ``dcp`` save (loaded in place), with what it logged and raised; ``folder`` None: a
+        fresh start."""
         job = self.fresh("subject", config)
         if folder is None:
             return {}
+        named = sorted(Path(self.folder(AUTOMATIC)).glob("checkpoint_*"), key=lambda p: int(p.name.rsplit("_", 1)[1]))
+        newest = f"{AUTOMATIC}{named[-1].name}" if named else None
 
         def load():
             if how == "torch-save":
                 states = torch.load(Path(self.folder(folder)) / f"loaders_rank{self.rank}.pt", weights_only=True)
                 for loader, state in zip(job.loaders, states, strict=True):
                     loader.load_state_dict(state)
+            elif how == "dcp":  # in place: into the states of the new job's loaders, as dcp.load() loads
+                states = loader_states(job)
+                dcp.load(states, checkpoint_id=self.folder(folder))
+                for i, loader in enumerate(job.loaders):
+                    loader.load_state_dict(states[f"loader{i}"])
+            elif folder == newest:
+                job.accelerator.load_state()
             else:
                 job.accelerator.load_state(self.folder(folder))
 

@@ -9,8 +9,9 @@ own ``data_cluster_path``. The job is the flow table's (``tests/flows/deepspeed_
 - ``train`` (data): ``k`` optimizer steps, the sample ids of every micro-batch;
 - ``save``: ``how`` = ``engine`` (``save_checkpoint(tag=folder)``) or ``sampler`` (the sampler's ``state_dict()`` in
   the user's own file, ``torch.save``), whose ``np_rng_state`` is written in a ``shape``: ``native`` (as the code under
-  test writes it); or 0.19.8's keys with ``pr8406`` (the sampler generator's ``bit_generator.state``, as the open
-  DeepSpeed PR #8406 writes it) or ``legacy`` (numpy's global ``RandomState`` tuple, as 0.19.8 writes it);
+  test writes it); ``pr8406``: the sampler generator's ``bit_generator.state`` there in place of the code's own key
+  (as the open DeepSpeed PR #8406 writes it on 0.19.8, and as the code under test would on top of it); ``legacy``:
+  0.19.8's keys, numpy's global ``RandomState`` tuple there (as 0.19.8 writes it);
 - ``keep_last``: the saved folders before the last k deleted (``folders``), as a job that keeps its last k does;
 - ``break_loop``: the subject's training loop is left by ``break``; its next ``train`` iterates the loader again (with
   io workers the iterator left behind has fetched micro-batches ahead);
@@ -21,7 +22,8 @@ own ``data_cluster_path``. The job is the flow table's (``tests/flows/deepspeed_
 
 The configuration's ``parallel`` (two ranks; ``data`` when absent): ``data``-parallel ranks, or an ``mpu`` of
 tensor-parallel size 2, each rank a data-parallel group of its own, with rank 0 reading and broadcasting each
-micro-batch (``tensor``) or each rank reading its own loader (``tensor-each``), as the flow table's job.
+micro-batch (``tensor``) or each rank reading its own loader (``tensor-each``), or a 2-stage pipeline trained by
+``train_batch()``, which reads its own ``RepeatingLoader`` (``pipeline``), as the flow table's job.
 """
 
 import logging
@@ -45,6 +47,8 @@ WARNERS = ("deepspeed",)
 OLDER_KEYS = [getattr(constants, f"CURRICULUM_LEARNING_{name}") for name in (  # what 0.19.8's state_dict() holds
     "BATCH", "CONSUMED_SAMPLES", "STEP", "CURRENT_DIFFICULTIES", "DATA_CLUSTER_PATHS",
     "DATA_CLUSTER_CURRENT_POSITION")]
+# where the code under test saves the sampler generator's state (the stack; 0.19.8 has no such key)
+GENERATOR_KEY = getattr(constants, "CURRICULUM_LEARNING_NP_RNG_BIT_GENERATOR_STATE", None)
 
 
 class Job:
@@ -86,10 +90,14 @@ class Rank(server.Rank):
         else:
             sampler = job.loader.data_sampler
             state = sampler.state_dict()
-            if shape != "native":  # the keys 0.19.8 writes, its np_rng_state as the shape says
+            if shape == "pr8406":  # the generator's state under np_rng_state, as #8406 writes it on 0.19.8, and as
+                # the code under test writes it on top of #8406 (its state of what training consumed, in place of its
+                # own key; its other keys kept: they go with its cluster files, which it does not rewrite)
+                state[constants.CURRICULUM_LEARNING_NP_RNG_STATE] = state.pop(GENERATOR_KEY,
+                                                                              sampler.np_rng.bit_generator.state)
+            elif shape == "legacy":  # the keys 0.19.8 writes, numpy's global RandomState under np_rng_state
                 state = {key: state[key] for key in OLDER_KEYS}
-                state[constants.CURRICULUM_LEARNING_NP_RNG_STATE] = (
-                    sampler.np_rng.bit_generator.state if shape == "pr8406" else np.random.get_state())
+                state[constants.CURRICULUM_LEARNING_NP_RNG_STATE] = np.random.get_state()
             path = self.sampler_file(folder)
             path.parent.mkdir(parents=True, exist_ok=True)
             torch.save({"data_sampler": state}, path)
