@@ -26,6 +26,7 @@ came to, and nothing is compared), or when the series breaks an invariant the re
 from scripts.flows.judge import BUGS, RANK, compare, failure
 
 EFFECT_OPS = ("restart", "state_dict", "save")
+STOPS = ("error", "hang", "crash")  # the outcomes that stop a side
 EFFECT_WORDS = {"workers_started": "DataLoader workers started", "sampler_iter": "sampler __iter__ calls",
                 "set_epoch": "dataset set_epoch calls"}
 
@@ -67,7 +68,7 @@ def side_outcomes(record: dict, side: str) -> list[tuple[str, str]]:
             warned = any(r.get("warnings") for r in results)
         outcome = step_outcome(step, results, warned)
         out.append(outcome)
-        if outcome[0] in ("error", "hang", "crash"):
+        if outcome[0] in STOPS:
             stopped = (outcome[0], f"stopped at step {len(out)}: {outcome[1]}")
     return out
 
@@ -104,7 +105,7 @@ def findings(record: dict) -> list[dict]:
         (r_out, r_detail), (s_out, s_detail) = release[index], series[index]
         if release_stopped and step["op"] == "restart":  # the series goes on where the release never came
             break
-        release_stopped = release_stopped or r_out in ("error", "hang", "crash")
+        release_stopped = release_stopped or r_out in STOPS
         if RANK[s_out] > RANK[r_out]:
             loaded = _loaded(record, index)
             found.append({"step": number, "kind": "outcome",
@@ -112,8 +113,7 @@ def findings(record: dict) -> list[dict]:
                           "detail": f"the series is {s_out} ({s_detail}) where the release is {r_out}"
                                     + (f" ({r_detail})" if r_detail else "")})
         # effects are compared with a release that did the step (one that failed there may have stopped before it)
-        if step["op"] in EFFECT_OPS and step["release"] is not None and step["series"] is not None and r_out not in (
-                "error", "hang", "crash"):
+        if step["op"] in EFFECT_OPS and step["series"] is not None and r_out not in STOPS:
             r_eff, s_eff = _effects(step, "release"), _effects(step, "series")
             more = [f"{EFFECT_WORDS[k]} {s_eff[k]} (the release {r_eff.get(k, 0)})"
                     for k in EFFECT_WORDS if s_eff.get(k, 0) > r_eff.get(k, 0)]
